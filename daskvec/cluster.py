@@ -1,0 +1,338 @@
+"""Cluster helpers: which client to use, where env groups go, how factories travel.
+
+- :func:`resolve_client` turns the ``client=`` argument of :class:`~daskvec.DaskVecEnv`
+  (a ``Client``, an address, a ``Cluster`` or ``None``) into a connected client and
+  says which objects daskvec created and must close.
+- :func:`plan_groups` and :func:`assign_workers` split envs into groups and balance
+  the groups over the eligible workers.
+- :func:`dumps_factories` pickles env factories so that code defined in ``__main__``,
+  a notebook, a test module or a local module the workers cannot import still works.
+- :class:`KeepEnvWorkers` is a scheduler plugin that keeps workers holding envs out
+  of adaptive scale-down while other workers can go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "GROUP_KEY_PREFIX",
+    "KeepEnvWorkers",
+    "ResolvedClient",
+    "assign_workers",
+    "dumps_factories",
+    "eligible_workers",
+    "plan_groups",
+    "resolve_client",
+]
+
+#: Every env-group actor's Dask key starts with this (the dashboard and the
+#: scale-down plugin recognise daskvec actors by it).
+GROUP_KEY_PREFIX = "daskvec-group-"
+
+
+# --------------------------------------------------------------------------- clients
+@dataclass
+class ResolvedClient:
+    """A client to use, and what daskvec created to get it (and so must close)."""
+
+    client: Any
+    own_client: bool = False
+    cluster: Any = None
+    own_cluster: bool = False
+
+    def close(self) -> None:
+        """Close only what daskvec created."""
+        if self.own_client:
+            with contextlib.suppress(Exception):
+                self.client.close(timeout=10)
+        if self.own_cluster and self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.close(timeout=10)
+
+
+def _default_client() -> Any:
+    from distributed import Client
+
+    try:
+        return Client.current(allow_global=True)
+    except ValueError:
+        return None
+
+
+def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
+    """Start the multi-process ``LocalCluster`` daskvec uses when given no cluster.
+
+    One single-threaded worker process per core: env groups on one worker share its
+    GIL, so processes, not threads, give parallel stepping.
+    """
+    from distributed import LocalCluster
+
+    n = n_workers or max(os.cpu_count() or 1, 1)
+    opts: dict[str, Any] = {
+        "n_workers": n,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": ":8787",
+        "silence_logs": logging.WARNING,
+    }
+    opts.update(kwargs)
+    return LocalCluster(**opts)
+
+
+def resolve_client(client: Any, connect_timeout: float = 30.0, cluster_kwargs: dict[str, Any] | None = None) -> ResolvedClient:
+    """Turn the ``client=`` argument of ``DaskVecEnv`` into a usable client.
+
+    Parameters
+    ----------
+    client : Client, str, Cluster or None
+        ``None`` uses the current default client if there is one, else starts an
+        embedded ``LocalCluster``; a string is a scheduler address; any object with a
+        ``scheduler_address`` (``LocalCluster``, a dask-jobqueue cluster) is connected to.
+    connect_timeout : float
+        Seconds to wait for a scheduler address to answer.
+    cluster_kwargs : dict, optional
+        Extra arguments for the embedded ``LocalCluster``.
+
+    Raises
+    ------
+    TypeError
+        For anything else.
+    ValueError
+        For a scheduler address that cannot be reached.
+    """
+    from distributed import Client
+
+    if client is None:
+        current = _default_client()
+        if current is not None:
+            return ResolvedClient(current)
+        cluster = embedded_cluster(**(cluster_kwargs or {}))
+        c = Client(cluster, direct_to_workers=True)
+        logger.warning("daskvec started a LocalCluster; dashboard: %s", c.dashboard_link)
+        return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True)
+    if isinstance(client, Client):
+        return ResolvedClient(client)
+    if isinstance(client, str):
+        try:
+            c = Client(client, timeout=connect_timeout, direct_to_workers=True)
+        except (OSError, TimeoutError) as e:
+            raise ValueError(
+                f"cannot reach a Dask scheduler at {client!r} within {connect_timeout:.0f}s ({e}); "
+                "check the address (e.g. 'tcp://host:8786') and that `dask scheduler` is running"
+            ) from e
+        return ResolvedClient(c, own_client=True)
+    if hasattr(client, "scheduler_address"):
+        c = Client(client, direct_to_workers=True)
+        return ResolvedClient(c, own_client=True, cluster=client)
+    raise TypeError(
+        "client must be a distributed.Client, a scheduler address string, a Cluster "
+        f"(LocalCluster, SLURMCluster, ...) or None, not {type(client).__name__}"
+    )
+
+
+def uses_tls(client: Any) -> bool:
+    """Whether the client talks to its scheduler over TLS (then the fast path is off)."""
+    address = str(getattr(client.scheduler, "address", "") or "")
+    return address.startswith("tls://") or bool(getattr(client.security, "require_encryption", False))
+
+
+# --------------------------------------------------------------------------- placement
+@dataclass
+class GroupPlan:
+    """Which envs one group holds and the worker it is meant for."""
+
+    env_indices: list[int]
+    worker: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def eligible_workers(
+    scheduler_info: dict[str, Any],
+    workers: Sequence[str] | None = None,
+    resources: dict[str, float] | None = None,
+) -> list[str]:
+    """Workers that may hold envs: those named in ``workers`` (addresses or names) and
+    having at least ``resources``; all workers when neither is given."""
+    out = []
+    wanted = set(workers) if workers else None
+    for addr, info in sorted(scheduler_info.get("workers", {}).items()):
+        if wanted is not None and addr not in wanted and str(info.get("name")) not in wanted:
+            continue
+        if resources:
+            have = info.get("resources", {}) or {}
+            if any(have.get(k, 0) < v for k, v in resources.items()):
+                continue
+        out.append(addr)
+    return out
+
+
+def plan_groups(n_envs: int, n_workers: int, envs_per_actor: int | None) -> list[list[int]]:
+    """Split env indices ``0..n_envs-1`` into contiguous groups.
+
+    With ``envs_per_actor=None`` there is one group per worker (as even as possible),
+    which is the fastest layout: one round trip per worker per step.
+    """
+    if envs_per_actor is None:
+        n_groups = max(1, min(n_envs, n_workers))
+        size, extra = divmod(n_envs, n_groups)
+        groups, start = [], 0
+        for g in range(n_groups):
+            k = size + (1 if g < extra else 0)
+            groups.append(list(range(start, start + k)))
+            start += k
+        return groups
+    return [list(range(s, min(s + envs_per_actor, n_envs))) for s in range(0, n_envs, envs_per_actor)]
+
+
+def assign_workers(groups: list[list[int]], workers: Sequence[str], load: dict[str, int] | None = None) -> list[str]:
+    """Give each group the worker holding the fewest envs so far (stable, round robin on ties)."""
+    if not workers:
+        raise ValueError("no eligible worker to place envs on")
+    held = {w: (load or {}).get(w, 0) for w in workers}
+    order = {w: i for i, w in enumerate(workers)}
+    out = []
+    for g in sorted(range(len(groups)), key=lambda i: -len(groups[i])):
+        w = min(workers, key=lambda a: (held[a], order[a]))
+        held[w] += len(groups[g])
+        out.append((g, w))
+    result = [""] * len(groups)
+    for g, w in out:
+        result[g] = w
+    return result
+
+
+def target_worker_count(n_envs: int, n_workers: int) -> int:
+    """How many workers a balanced layout of ``n_envs`` uses."""
+    return max(1, min(n_envs, n_workers))
+
+
+# --------------------------------------------------------------------------- pickling
+def _stdlib_and_site_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return [os.path.realpath(d) for d in dirs if d]
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_dirs() -> tuple[str, ...]:
+    return tuple(_stdlib_and_site_dirs())
+
+
+def _is_local_module(mod: types.ModuleType) -> bool:
+    name = mod.__name__
+    if name == "__main__" or name.split(".")[0] in ("daskvec", "distributed", "dask"):
+        return False
+    if name in sys.builtin_module_names:
+        return False
+    path = getattr(mod, "__file__", None)
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return not any(real.startswith(d + os.sep) for d in _installed_dirs())
+
+
+def _top_local_modules() -> list[types.ModuleType]:
+    """Top-level modules loaded from outside the Python installation (user code)."""
+    tops: dict[str, types.ModuleType] = {}
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not isinstance(mod, types.ModuleType):
+            continue
+        top = name.split(".")[0]
+        if top in tops:
+            continue
+        top_mod = sys.modules.get(top)
+        if isinstance(top_mod, types.ModuleType) and _is_local_module(top_mod):
+            tops[top] = top_mod
+    return list(tops.values())
+
+
+@contextlib.contextmanager
+def _pickled_by_value(modules: list[types.ModuleType]) -> Iterator[None]:
+    registered = []
+    for mod in modules:
+        try:
+            cloudpickle.register_pickle_by_value(mod)
+            registered.append(mod)
+        except ValueError:
+            continue  # already registered by the user, or not a pickleable module
+    try:
+        yield
+    finally:
+        for mod in registered:
+            with contextlib.suppress(ValueError):
+                cloudpickle.unregister_pickle_by_value(mod)
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """cloudpickle ``obj``, sending user modules (not installed packages) by value."""
+    with _pickled_by_value(_top_local_modules()):
+        return cloudpickle.dumps(obj)
+
+
+def dumps_factories(env_fns: Sequence[Callable[[], Any]], indices: Sequence[int]) -> bytes:
+    """Pickle the factories ``env_fns[i] for i in indices`` as one list.
+
+    User code (``__main__``, notebooks, local modules, test modules) is sent by
+    value, so workers do not need to import it.
+
+    Raises
+    ------
+    TypeError
+        Naming the first factory that cannot be pickled.
+    """
+    fns = [env_fns[i] for i in indices]
+    try:
+        return dumps_by_value(fns)
+    except Exception:
+        for i in indices:
+            try:
+                dumps_by_value(env_fns[i])
+            except Exception as e:
+                raise TypeError(
+                    f"env_fns[{i}] cannot be pickled to send it to the workers "
+                    f"({type(e).__name__}: {e}); make the factory a plain function or "
+                    "lambda that creates the env, without capturing open files, locks or clients"
+                ) from e
+        raise
+
+
+# --------------------------------------------------------------------------- scale-down
+class KeepEnvWorkers(SchedulerPlugin):
+    """Scheduler plugin: keep workers holding daskvec envs out of adaptive scale-down.
+
+    ``Adaptive`` (and anything else using ``Scheduler.workers_to_close``) asks plugins
+    which workers may go. This plugin removes the workers that hold daskvec env
+    groups, as long as other candidates remain; if only env-holding workers remain,
+    they are left in the list, and the envs on them are rebuilt elsewhere by
+    DaskVecEnv's fault tolerance (reported to the learner as truncations).
+    ``SpecCluster.scale(n)`` does not ask plugins; envs on workers it closes are
+    rebuilt the same way.
+    """
+
+    name = "daskvec-keep-env-workers"
+
+    @staticmethod
+    def holds_envs(ws: Any) -> bool:
+        """Whether a scheduler ``WorkerState`` holds any daskvec env group."""
+        return any(str(ts.key).startswith(GROUP_KEY_PREFIX) for ts in getattr(ws, "actors", ()))
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+        """Drop env-holding workers from ``workers`` unless nothing else could go."""
+        free = [ws for ws in workers if not self.holds_envs(ws)]
+        return free if free else workers

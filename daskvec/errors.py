@@ -1,0 +1,99 @@
+"""Exceptions raised by daskvec.
+
+Every error that daskvec raises on its own account derives from
+:class:`DaskVecEnvError`. Errors raised *by an environment* on a worker are
+re-raised on the client with their original type (an ``AttributeError`` stays an
+``AttributeError``); daskvec only adds a note with the env index, the worker's
+address and the remote traceback, and sets ``exc.env_index`` and ``exc.worker``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadySteppingError",
+    "ClosedEnvError",
+    "DaskVecEnvError",
+    "EnvRestartBudgetExceeded",
+    "NoAsyncCallError",
+    "RemoteEnvError",
+    "StepTimeoutError",
+    "WorkerLostError",
+]
+
+
+class DaskVecEnvError(RuntimeError):
+    """Base class of the errors that daskvec raises itself."""
+
+
+class ClosedEnvError(DaskVecEnvError):
+    """A method was called on a :class:`~daskvec.DaskVecEnv` after ``close()``."""
+
+
+class AlreadySteppingError(DaskVecEnvError):
+    """``step_async()`` or another call was made while a step is still pending.
+
+    Call ``step_wait()`` first to collect the pending step.
+    """
+
+
+class NoAsyncCallError(DaskVecEnvError):
+    """``step_wait()`` was called without a preceding ``step_async()``."""
+
+
+class WorkerLostError(DaskVecEnvError):
+    """The worker holding some environments died or could not be reached.
+
+    Raised only when the vec env was built with ``on_worker_lost="raise"``;
+    by default lost environments are rebuilt on live workers instead.
+
+    Attributes
+    ----------
+    env_indices : list of int
+        The environments that were lost.
+    worker : str
+        Address of the worker that held them.
+    """
+
+    def __init__(self, message: str, env_indices: list[int], worker: str) -> None:
+        super().__init__(message)
+        self.env_indices = env_indices
+        self.worker = worker
+
+
+class StepTimeoutError(WorkerLostError):
+    """A call to some environments did not come back within the timeout.
+
+    Raised only with ``on_worker_lost="raise"``; by default the environments are
+    treated like lost ones and rebuilt elsewhere.
+    """
+
+
+class EnvRestartBudgetExceeded(DaskVecEnvError):
+    """An environment was restarted more often than ``max_restarts`` allows.
+
+    This stops an environment that crashes on every step from looping forever.
+
+    Attributes
+    ----------
+    env_index : int
+        The environment that exhausted its budget.
+    restarts : int
+        How many times it had been restarted.
+    """
+
+    def __init__(self, message: str, env_index: int, restarts: int) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        self.restarts = restarts
+
+
+class RemoteEnvError(DaskVecEnvError):
+    """Stand-in for an environment exception that could not be sent back as is.
+
+    Used only when the original exception object cannot be pickled; its type name,
+    message and traceback are kept in the message and in ``remote_type``.
+    """
+
+    def __init__(self, message: str, remote_type: str = "") -> None:
+        super().__init__(message)
+        self.remote_type = remote_type

@@ -1,0 +1,197 @@
+"""Figures collected while stepping, on the workers and on the client.
+
+Worker side
+    Every :class:`~daskvec.worker.EnvGroup` owns a :class:`GroupStats`. The first
+    group on a worker installs callables in ``worker.metrics`` (see
+    :func:`install_worker_metrics`); Dask sends their values with every heartbeat, so
+    they reach the scheduler's ``WorkerState.metrics`` at no cost to stepping. Names
+    are listed in :data:`WORKER_METRICS`.
+
+Client side
+    :class:`ClientTimer` splits each vec-step's wall time into the time spent on the
+    client (the learner, between steps), in transit and inside the envs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "WORKER_METRICS",
+    "ClientTimer",
+    "GroupStats",
+    "install_worker_metrics",
+    "worker_summary",
+]
+
+#: Names (and meaning) of the scalar metrics each worker reports with its heartbeat.
+WORKER_METRICS: dict[str, str] = {
+    "daskvec_envs": "environments held by the worker",
+    "daskvec_steps": "env-steps taken since the worker started (counter)",
+    "daskvec_steps_per_s": "env-steps per second over the last few seconds",
+    "daskvec_step_p50_ms": "median time of one group step call inside the envs (ms)",
+    "daskvec_step_p99_ms": "99th percentile of that time (ms)",
+    "daskvec_episodes": "episodes finished (counter)",
+    "daskvec_mean_return": "mean return of the last 100 finished episodes",
+    "daskvec_errors": "exceptions raised by envs (counter)",
+    "daskvec_restarts": "envs rebuilt on this worker after a crash or a move (counter)",
+}
+
+_WINDOW = 512
+_RATE_WINDOW_S = 5.0
+
+
+class GroupStats:
+    """Counters of one env group. Updated by the group's serving thread only."""
+
+    def __init__(self, n_envs: int) -> None:
+        self.n_envs = n_envs
+        self.steps = 0
+        self.episodes = 0
+        self.errors = 0
+        self.restarts = 0
+        self.latencies: deque[float] = deque(maxlen=_WINDOW)
+        self.returns: deque[float] = deque(maxlen=100)
+        self._rate_marks: deque[tuple[float, int]] = deque(maxlen=256)
+        self.env_seconds = 0.0
+
+    def record_step(self, n_envs: int, seconds: float) -> None:
+        """Record one group step call of ``n_envs`` envs that took ``seconds``."""
+        self.steps += n_envs
+        self.env_seconds += seconds
+        self.latencies.append(seconds)
+        now = time.monotonic()
+        marks = self._rate_marks
+        if not marks or now - marks[-1][0] > 0.1:
+            marks.append((now, self.steps))
+
+    def record_episode(self, episode_return: float) -> None:
+        """Record a finished episode and its return."""
+        self.episodes += 1
+        self.returns.append(float(episode_return))
+
+    def steps_per_second(self) -> float:
+        """Env-steps per second over the last few seconds (0 when idle)."""
+        marks = self._rate_marks
+        if not marks:
+            return 0.0
+        now = time.monotonic()
+        if now - marks[-1][0] > _RATE_WINDOW_S:
+            return 0.0
+        first = marks[0]
+        for m in marks:
+            if now - m[0] <= _RATE_WINDOW_S:
+                first = m
+                break
+        span = now - first[0]
+        if span <= 0:
+            return 0.0
+        return (self.steps - first[1]) / span
+
+
+_groups_lock = threading.Lock()
+_groups: weakref.WeakSet[GroupStats] = weakref.WeakSet()
+_installed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _live() -> list[GroupStats]:
+    with _groups_lock:
+        return list(_groups)
+
+
+def worker_summary() -> dict[str, float]:
+    """Aggregate the stats of every live group in this process into :data:`WORKER_METRICS`."""
+    groups = [g for g in _live() if g.n_envs > 0]
+    lat = [x for g in groups for x in list(g.latencies)]
+    rets = [x for g in groups for x in list(g.returns)]
+    return {
+        "daskvec_envs": float(sum(g.n_envs for g in groups)),
+        "daskvec_steps": float(sum(g.steps for g in groups)),
+        "daskvec_steps_per_s": float(sum(g.steps_per_second() for g in groups)),
+        "daskvec_step_p50_ms": float(np.percentile(lat, 50) * 1e3) if lat else 0.0,
+        "daskvec_step_p99_ms": float(np.percentile(lat, 99) * 1e3) if lat else 0.0,
+        "daskvec_episodes": float(sum(g.episodes for g in groups)),
+        "daskvec_mean_return": float(np.mean(rets[-100:])) if rets else 0.0,
+        "daskvec_errors": float(sum(g.errors for g in groups)),
+        "daskvec_restarts": float(sum(g.restarts for g in groups)),
+    }
+
+
+def _metric(name: str) -> Any:
+    def get(worker: Any) -> float:
+        return worker_summary()[name]
+
+    get.__name__ = name
+    return get
+
+
+def install_worker_metrics(worker: Any, stats: GroupStats) -> None:
+    """Register ``stats`` and, once per worker, the heartbeat metrics callables."""
+    with _groups_lock:
+        _groups.add(stats)
+    if worker is None:
+        return
+    if worker not in _installed:
+        for name in WORKER_METRICS:
+            worker.metrics[name] = _metric(name)
+        _installed.add(worker)
+
+
+def forget(stats: GroupStats) -> None:
+    """Stop counting a closed group (its envs no longer count on the worker)."""
+    stats.n_envs = 0
+    with _groups_lock:
+        _groups.discard(stats)
+
+
+class ClientTimer:
+    """Split the client's wall time per vec-step into client, transit and env time.
+
+    ``client`` is the time between the end of one ``step_wait`` and the next
+    ``step_async`` (the learner's work); ``transit`` is the time waiting for replies
+    minus the slowest group's time inside its envs; ``env`` is that slowest time.
+    """
+
+    def __init__(self) -> None:
+        self.client_s = 0.0
+        self.transit_s = 0.0
+        self.env_s = 0.0
+        self.vec_steps = 0
+        self._last_end: float | None = None
+        self._sent: float | None = None
+
+    def sent(self) -> None:
+        """Mark ``step_async`` having sent the requests."""
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.client_s += now - self._last_end
+        self._sent = now
+
+    def received(self, env_seconds: float) -> None:
+        """Mark ``step_wait`` having all replies; ``env_seconds`` is the slowest group's env time."""
+        now = time.perf_counter()
+        if self._sent is not None:
+            wait = now - self._sent
+            env = min(env_seconds, wait)
+            self.env_s += env
+            self.transit_s += wait - env
+            self.vec_steps += 1
+        self._last_end = now
+        self._sent = None
+
+    def shares(self) -> dict[str, float]:
+        """Fractions of the total time spent on the client, in transit and in envs."""
+        total = self.client_s + self.transit_s + self.env_s
+        if total <= 0:
+            return {"client": 0.0, "transit": 0.0, "env": 0.0}
+        return {
+            "client": self.client_s / total,
+            "transit": self.transit_s / total,
+            "env": self.env_s / total,
+        }

@@ -1,0 +1,426 @@
+"""Transport: how requests reach an env-group actor and how replies come back.
+
+Dask places the env-group actors, keeps their lifecycle and monitors them; this module
+moves each step's data. There are two channels with one interface:
+
+:class:`DirectChannel`
+    The fast path. The actor listens on a TCP port of its worker's host, and the
+    client keeps one socket to it. A request is a single ``sendmsg`` of a small
+    header, one pickle and the raw buffers of any NumPy arrays (pickle protocol 5,
+    out of band, so arrays are never pickled element by element). A connection is
+    served only after a mutual HMAC-SHA256 challenge over a fresh random token that
+    the client handed the actor through Dask: a stranger is dropped before a single
+    byte it sent is unpickled.
+
+:class:`ActorChannel`
+    The fallback, when the worker's host cannot be reached from the client (a client
+    outside the cluster network) or the cluster uses TLS. The same encoded request
+    travels as one bytes argument of an ordinary Dask actor call, so it is protected
+    by whatever Dask's own comms use.
+
+Both channels carry the same messages, encoded by :func:`encode` and decoded by
+:func:`decode`: a request is ``(command, args)``, a reply ``("ok", value)`` or
+``("err", error)``. The worker side (:mod:`daskvec.worker`) produces replies; the
+client side (:mod:`daskvec.vec_env`) sends requests and waits for replies with
+:func:`recv_many`, one wait for all groups per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import pickle
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import cloudpickle
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ActorChannel",
+    "Channel",
+    "ChannelError",
+    "ChannelServer",
+    "DirectChannel",
+    "decode",
+    "encode",
+    "pack",
+    "recv_many",
+    "unpack",
+]
+
+_COUNT = struct.Struct("!I")
+_NONCE_BYTES = 32
+_DIGEST_BYTES = 32
+_HANDSHAKE_TIMEOUT = 10.0
+_MAX_FRAMES = 1 << 16
+_MAX_FRAME_BYTES = 1 << 34
+
+
+class ChannelError(ConnectionError):
+    """The channel to an env-group actor broke: its worker died, hung or is unreachable."""
+
+
+# --------------------------------------------------------------------------- encoding
+def encode(obj: Any) -> list[bytes | memoryview]:
+    """Encode ``obj`` as frames: one pickle, then the raw buffers of its arrays.
+
+    Parameters
+    ----------
+    obj : object
+        Anything cloudpickle can pickle. Contiguous NumPy arrays inside it are not
+        copied into the pickle but sent as separate out-of-band frames.
+
+    Returns
+    -------
+    list of bytes-like
+        ``[header, pickle, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    payload = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    lengths = [len(payload), *(r.nbytes for r in raws)]
+    header = _COUNT.pack(len(lengths)) + struct.pack(f"!{len(lengths)}Q", *lengths)
+    return [header, payload, *raws]
+
+
+def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
+    """Decode the frames made by :func:`encode` (without the header frame)."""
+    return pickle.loads(frames[0], buffers=frames[1:])
+
+
+def pack(obj: Any) -> bytes:
+    """Encode ``obj`` into one bytes object (used by :class:`ActorChannel`)."""
+    return b"".join(encode(obj))
+
+
+def unpack(data: bytes | bytearray | memoryview) -> Any:
+    """Inverse of :func:`pack`."""
+    view = memoryview(data)
+    (count,) = _COUNT.unpack_from(view, 0)
+    offset = _COUNT.size
+    lengths = struct.unpack_from(f"!{count}Q", view, offset)
+    offset += 8 * count
+    frames = []
+    for n in lengths:
+        frames.append(view[offset : offset + n])
+        offset += n
+    return decode(frames)
+
+
+# --------------------------------------------------------------------------- sockets
+def _send_frames(sock: socket.socket, frames: list[bytes | memoryview]) -> None:
+    views = [memoryview(f).cast("B") for f in frames]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ChannelError("connection closed by peer")
+        got += k
+    return buf
+
+
+def _recv_frames(sock: socket.socket) -> list[bytearray]:
+    (count,) = _COUNT.unpack(_recv_exact(sock, _COUNT.size))
+    if not 0 < count <= _MAX_FRAMES:
+        raise ChannelError(f"malformed message header ({count} frames)")
+    lengths = struct.unpack(f"!{count}Q", _recv_exact(sock, 8 * count))
+    if any(n > _MAX_FRAME_BYTES for n in lengths):
+        raise ChannelError("malformed message header (frame too large)")
+    return [_recv_exact(sock, n) for n in lengths]
+
+
+def _digest(token: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, role + nonce, hashlib.sha256).digest()
+
+
+class ChannelServer:
+    """Worker side of :class:`DirectChannel`: a listening socket served by threads.
+
+    Parameters
+    ----------
+    host : str
+        Interface to listen on (the host of the worker's own address).
+    token : bytes
+        Shared secret; only a peer that proves knowledge of it is served.
+    handler : callable
+        ``handler(request) -> reply``; must not raise. Called on the connection's
+        thread, one request at a time per connection.
+    name : str
+        Used in thread names and log messages.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        token: bytes,
+        handler: Callable[[Any], Any],
+        name: str = "daskvec",
+    ) -> None:
+        self._token = token
+        self._handler = handler
+        self._name = name
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self.refused = 0
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self._sock.listen(16)
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"{name}-accept", daemon=True
+        )
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._serve, args=(conn, peer), name=f"{self._name}-conn", daemon=True
+            ).start()
+
+    def _authenticate(self, conn: socket.socket) -> bool:
+        conn.settimeout(_HANDSHAKE_TIMEOUT)
+        server_nonce = secrets.token_bytes(_NONCE_BYTES)
+        conn.sendall(server_nonce)
+        answer = _recv_exact(conn, _DIGEST_BYTES + _NONCE_BYTES)
+        proof, client_nonce = bytes(answer[:_DIGEST_BYTES]), bytes(answer[_DIGEST_BYTES:])
+        if not hmac.compare_digest(proof, _digest(self._token, b"client", server_nonce)):
+            return False
+        conn.sendall(_digest(self._token, b"server", client_nonce))
+        conn.settimeout(None)
+        return True
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            try:
+                ok = self._authenticate(conn)
+            except (OSError, ChannelError):
+                ok = False
+            if not ok:
+                self.refused += 1
+                logger.warning("daskvec channel %s refused an unauthenticated peer %s", self._name, peer)
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while not self._closed.is_set():
+                try:
+                    frames = _recv_frames(conn)
+                except (OSError, ChannelError):
+                    return
+                reply = self._handler(decode(frames))
+                try:
+                    _send_frames(conn, encode(reply))
+                except OSError:
+                    return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        """Stop listening and drop every connection (idempotent)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- channels
+class Channel(Protocol):
+    """What the client needs from a channel to one env-group actor."""
+
+    kind: str
+
+    def send(self, request: Any) -> None:
+        """Send one request; do not wait for the reply."""
+
+    def recv(self, timeout: float | None) -> Any:
+        """Wait for the reply to the last request (``TimeoutError`` after ``timeout`` s)."""
+
+    def close(self) -> None:
+        """Release the channel (idempotent)."""
+
+
+class DirectChannel:
+    """Client side of the fast path: one authenticated TCP socket to one actor.
+
+    Parameters
+    ----------
+    address : tuple of (str, int)
+        The actor's listening address, as reported by the actor.
+    token : bytes
+        The secret given to the actor when it was created.
+    connect_timeout : float
+        Seconds to wait for the connection and the handshake.
+
+    Raises
+    ------
+    ChannelError
+        When the address cannot be reached or the peer fails the handshake.
+    """
+
+    kind = "direct"
+
+    def __init__(self, address: tuple[str, int], token: bytes, connect_timeout: float = 5.0) -> None:
+        try:
+            sock = socket.create_connection(address, timeout=connect_timeout)
+        except OSError as e:
+            raise ChannelError(f"cannot connect to {address[0]}:{address[1]}: {e}") from e
+        try:
+            server_nonce = bytes(_recv_exact(sock, _NONCE_BYTES))
+            client_nonce = secrets.token_bytes(_NONCE_BYTES)
+            sock.sendall(_digest(token, b"client", server_nonce) + client_nonce)
+            proof = bytes(_recv_exact(sock, _DIGEST_BYTES))
+        except OSError as e:
+            sock.close()
+            raise ChannelError(f"handshake with {address[0]}:{address[1]} failed: {e}") from e
+        if not hmac.compare_digest(proof, _digest(token, b"server", client_nonce)):
+            sock.close()
+            raise ChannelError(f"peer at {address[0]}:{address[1]} failed authentication")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)
+        self._sock: socket.socket | None = sock
+        self.address = address
+
+    def send(self, request: Any) -> None:
+        """See :class:`Channel`."""
+        if self._sock is None:
+            raise ChannelError("channel is closed")
+        try:
+            self._sock.settimeout(None)
+            _send_frames(self._sock, encode(request))
+        except OSError as e:
+            raise ChannelError(f"send to {self.address[0]}:{self.address[1]} failed: {e}") from e
+
+    def recv(self, timeout: float | None) -> Any:
+        """See :class:`Channel`."""
+        if self._sock is None:
+            raise ChannelError("channel is closed")
+        self._sock.settimeout(timeout)
+        try:
+            frames = _recv_frames(self._sock)
+        except TimeoutError:
+            raise
+        except OSError as e:
+            raise ChannelError(f"receive from {self.address[0]}:{self.address[1]} failed: {e}") from e
+        return decode(frames)
+
+    def fileno(self) -> int:
+        """The socket's file descriptor (for ``select``)."""
+        return -1 if self._sock is None else self._sock.fileno()
+
+    def close(self) -> None:
+        """See :class:`Channel`."""
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+
+
+class ActorChannel:
+    """Client side of the fallback path: ordinary Dask actor calls.
+
+    Parameters
+    ----------
+    actor : distributed.Actor
+        Proxy of an :class:`daskvec.worker.EnvGroup`.
+    """
+
+    kind = "actor"
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+        self._pending: Any = None
+
+    def send(self, request: Any) -> None:
+        """See :class:`Channel`."""
+        try:
+            self._pending = self._actor.handle(pack(request))
+        except Exception as e:  # the proxy raises when its worker is known to be gone
+            raise ChannelError(str(e)) from e
+
+    def recv(self, timeout: float | None) -> Any:
+        """See :class:`Channel`."""
+        fut, self._pending = self._pending, None
+        if fut is None:
+            raise ChannelError("no request is pending on this channel")
+        try:
+            data = fut.result(timeout=timeout)
+        except TimeoutError:
+            raise
+        except Exception as e:
+            raise ChannelError(f"actor call failed: {type(e).__name__}: {e}") from e
+        return unpack(data)
+
+    def close(self) -> None:
+        """See :class:`Channel`."""
+        self._pending = None
+
+
+def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
+    """Wait once for the replies of many channels.
+
+    Parameters
+    ----------
+    channels : sequence of Channel
+        Channels that each have one request pending.
+    timeout : float or None
+        Overall deadline in seconds for all replies.
+
+    Returns
+    -------
+    list
+        For each channel its decoded reply, or the exception (``ChannelError`` or
+        ``TimeoutError``) that its receive raised. A failure of one channel does not
+        stop the others from being collected.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out: list[Any] = []
+    for ch in channels:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        try:
+            out.append(ch.recv(remaining))
+        except (ChannelError, TimeoutError) as e:
+            out.append(e)
+    return out

@@ -1,0 +1,482 @@
+"""Worker side: the env-group actor that holds a slice of environments.
+
+An :class:`EnvGroup` is created on a Dask worker by ``client.submit(EnvGroup, ...,
+actor=True)``. It builds its environments there from their pickled factories (never
+on the client), steps all of them for one request, and answers requests arriving on
+either transport (see :mod:`daskvec.transport`): a direct authenticated socket served
+by its own threads, or ordinary Dask actor calls to :meth:`EnvGroup.handle`. One lock
+serialises the two.
+
+Step semantics are those of Stable-Baselines3's vec envs: ``done = terminated or
+truncated``, ``info["TimeLimit.truncated"] = truncated and not terminated``, and on
+``done`` the last observation goes to ``info["terminal_observation"]`` before the env
+is reset.
+
+This module must stay light: it is imported by every worker process, so it does not
+import Stable-Baselines3 or torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+
+from daskvec import metrics
+from daskvec.errors import EnvRestartBudgetExceeded
+from daskvec.transport import ChannelServer, pack, unpack
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EnvGroup", "restart_seed", "stack_obs"]
+
+#: Marker key that daskvec adds to an env's ``info`` when it was restarted or moved.
+INFO_KEY = "daskvec"
+
+
+def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) -> int:
+    """Seed used to reset env ``env_index`` after its ``restarts``-th rebuild.
+
+    It is ``SeedSequence([base_seed or 0, env_index, restarts])`` reduced to 31 bits:
+    the same env restarted the same number of times always gets the same seed, and
+    different envs or restart counts get independent streams.
+
+    Parameters
+    ----------
+    env_index : int
+        Index of the env in the vec env.
+    restarts : int
+        How many times this env has been rebuilt, including this rebuild.
+    base_seed : int, optional
+        The seed the user last gave this env, if any.
+
+    Returns
+    -------
+    int
+    """
+    entropy = [0 if base_seed is None else int(base_seed) & 0xFFFFFFFF, int(env_index), int(restarts)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
+    """Stack per-env observations along a new first axis, following ``space``.
+
+    Dict spaces give a dict of arrays, Tuple spaces a tuple of arrays, anything else
+    one array. Each result is one contiguous buffer, sent out of band.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        return {k: stack_obs([o[k] for o in obs_list], sub) for k, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(stack_obs([o[i] for o in obs_list], sub) for i, sub in enumerate(space.spaces))
+    return np.stack([np.asarray(o) for o in obs_list])
+
+
+def _row(stacked: Any, pos: int) -> Any:
+    if isinstance(stacked, dict):
+        return {k: _row(v, pos) for k, v in stacked.items()}
+    if isinstance(stacked, tuple):
+        return tuple(_row(v, pos) for v in stacked)
+    return stacked[pos].copy()
+
+
+def _is_wrapped(env: gym.Env[Any, Any], wrapper_class: type) -> bool:
+    current: Any = env
+    while isinstance(current, gym.Wrapper):
+        if isinstance(current, wrapper_class):
+            return True
+        current = current.env
+    return False
+
+
+def _current_worker() -> Any:
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def _slurm_end_time() -> float | None:
+    job = os.environ.get("SLURM_JOB_ID")
+    squeue = shutil.which("squeue")
+    if not job or not squeue:
+        return None
+    try:
+        out = subprocess.run(
+            [squeue, "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        if not out or out in ("N/A", "NONE", "Unknown"):
+            return None
+        return datetime.fromisoformat(out).timestamp()
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def worker_deadline(worker: Any) -> float | None:
+    """Wall-clock time (epoch seconds) at which this worker is expected to go away.
+
+    The earlier of the worker's ``--lifetime`` (counted from the process start) and,
+    inside a SLURM job, the job's end time. ``None`` when neither is known.
+    """
+    deadlines: list[float] = []
+    lifetime = getattr(worker, "lifetime", None)
+    if lifetime:
+        try:
+            import psutil
+
+            started = psutil.Process().create_time()
+        except Exception:  # psutil missing or process gone: fall back to now
+            started = time.time()
+        deadlines.append(started + float(lifetime))
+    slurm = _slurm_end_time()
+    if slurm is not None:
+        deadlines.append(slurm)
+    return min(deadlines) if deadlines else None
+
+
+class _EnvFailure(Exception):
+    """Internal: carries an error payload out of a command."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload.get("message", ""))
+        self.payload = payload
+
+
+def _error_payload(exc: BaseException, env_index: int | None, worker: str) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob: bytes | None = cloudpickle.dumps(exc)
+        cloudpickle.loads(blob)
+    except Exception:
+        blob = None
+    return {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": tb,
+        "env_index": env_index,
+        "worker": worker,
+        "exc": blob,
+    }
+
+
+class EnvGroup:
+    """A slice of environments living on one Dask worker, as a stateful actor.
+
+    Parameters
+    ----------
+    factories : bytes
+        cloudpickled list of zero-argument callables, one per env.
+    env_indices : list of int
+        The vec-env index of each env, for error messages and restart seeds.
+    token : bytes or None
+        Secret for the direct channel; ``None`` serves Dask actor calls only.
+    on_env_error : {"raise", "restart"}
+        What to do when an env raises in ``step`` or ``reset``.
+    max_restarts : int
+        Per-env budget of restarts after env errors.
+    restarts : list of int, optional
+        Restart counts carried over from an earlier life of these envs.
+    """
+
+    def __init__(
+        self,
+        factories: bytes,
+        env_indices: list[int],
+        token: bytes | None = None,
+        on_env_error: str = "raise",
+        max_restarts: int = 10,
+        restarts: list[int] | None = None,
+    ) -> None:
+        self._worker = _current_worker()
+        self.worker_address = getattr(self._worker, "address", "local")
+        self.env_indices = list(env_indices)
+        self.on_env_error = on_env_error
+        self.max_restarts = max_restarts
+        self.restarts = list(restarts) if restarts is not None else [0] * len(env_indices)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._factories: list[Callable[[], gym.Env[Any, Any]]] = cloudpickle.loads(factories)
+        self.envs: list[gym.Env[Any, Any]] = []
+        try:
+            for pos, fn in enumerate(self._factories):
+                self.envs.append(self._build(pos, fn))
+            seen: dict[int, int] = {}
+            for pos, env in enumerate(self.envs):
+                if id(env) in seen:
+                    raise ValueError(
+                        f"env factories {self.env_indices[seen[id(env)]]} and "
+                        f"{self.env_indices[pos]} returned the same environment instance; "
+                        "each factory must create a new env (e.g. `lambda: gym.make(...)`)"
+                    )
+                seen[id(env)] = pos
+        except BaseException:
+            self._close_envs()
+            raise
+        n = len(self.envs)
+        self._returns = np.zeros(n, dtype=np.float64)
+        self._last_obs: Any = None
+        self._seeds: list[int | None] = [None] * n
+        self.stats = metrics.GroupStats(n)
+        metrics.install_worker_metrics(self._worker, self.stats)
+        self.deadline = worker_deadline(self._worker)
+        self._server: ChannelServer | None = None
+        if token is not None:
+            self._server = ChannelServer(_listen_host(self._worker), token, self.dispatch, name="daskvec-group")
+        self._commands: dict[str, Callable[..., Any]] = {
+            "step": self._step,
+            "reset": self._reset,
+            "get_attr": self._get_attr,
+            "set_attr": self._set_attr,
+            "env_method": self._env_method,
+            "is_wrapped": self._is_wrapped,
+            "render": self._render,
+            "ping": self._ping,
+        }
+
+    # ---------------------------------------------------------------- lifecycle
+    def _build(self, pos: int, fn: Callable[[], gym.Env[Any, Any]]) -> gym.Env[Any, Any]:
+        index = self.env_indices[pos]
+        try:
+            env = fn()
+        except Exception as e:
+            e.add_note(f"daskvec: raised by the factory of env {index} on worker {self.worker_address}")
+            raise
+        if not (hasattr(env, "step") and hasattr(env, "reset")):
+            raise TypeError(
+                f"the factory of env {index} returned {type(env).__name__!r}, not a gymnasium.Env; "
+                "env_fns must be callables that create an environment"
+            )
+        return env
+
+    def describe(self) -> dict[str, Any]:
+        """Spaces, worker, process and channel address of this group."""
+        env = self.envs[0]
+        return {
+            "observation_spaces": [e.observation_space for e in self.envs],
+            "action_spaces": [e.action_space for e in self.envs],
+            "observation_space": env.observation_space,
+            "action_space": env.action_space,
+            "address": None if self._server is None else self._server.address,
+            "worker": self.worker_address,
+            "pid": os.getpid(),
+            "deadline": self.deadline,
+        }
+
+    def refused_connections(self) -> int:
+        """How many peers the direct channel refused (failed authentication)."""
+        return 0 if self._server is None else self._server.refused
+
+    def shutdown(self) -> bool:
+        """Close the channel and the envs; safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+        if self._server is not None:
+            self._server.close()
+        self._close_envs()
+        metrics.forget(self.stats)
+        return True
+
+    def _close_envs(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # an env that fails to close must not stop the others
+                logger.exception("closing an env on %s failed", self.worker_address)
+
+    # ---------------------------------------------------------------- dispatch
+    def handle(self, data: bytes) -> bytes:
+        """Entry point of the Dask-actor transport: encoded request in, encoded reply out."""
+        return pack(self.dispatch(unpack(data)))
+
+    def dispatch(self, request: Any) -> Any:
+        """Run one ``(command, args)`` request and return ``("ok", value)`` or ``("err", error)``."""
+        with self._lock:
+            try:
+                cmd, args = request
+                if self._closed:
+                    raise RuntimeError("this env group was shut down")
+                return ("ok", self._commands[cmd](*args))
+            except _EnvFailure as f:
+                return ("err", f.payload)
+            except Exception as e:
+                return ("err", _error_payload(e, None, self.worker_address))
+
+    # ---------------------------------------------------------------- commands
+    def _fail(self, pos: int, exc: BaseException) -> _EnvFailure:
+        return _EnvFailure(_error_payload(exc, self.env_indices[pos], self.worker_address))
+
+    def _restart(self, pos: int, exc: BaseException, last_obs: Any) -> tuple[Any, dict[str, Any]]:
+        index = self.env_indices[pos]
+        self.restarts[pos] += 1
+        count = self.restarts[pos]
+        self.stats.restarts += 1
+        if count > self.max_restarts:
+            err = EnvRestartBudgetExceeded(
+                f"env {index} crashed {count} times, more than max_restarts={self.max_restarts}; "
+                f"last error: {type(exc).__name__}: {exc}",
+                env_index=index,
+                restarts=count,
+            )
+            err.__cause__ = exc
+            raise self._fail(pos, err)
+        logger.warning("env %d raised %s: %s; rebuilding it (restart %d)", index, type(exc).__name__, exc, count)
+        try:
+            self.envs[pos].close()
+        except Exception:
+            logger.debug("closing crashed env %d failed", index, exc_info=True)
+        seed = restart_seed(index, count, self._seeds[pos])
+        try:
+            self.envs[pos] = self._build(pos, self._factories[pos])
+            obs, reset_info = self.envs[pos].reset(seed=seed)
+        except Exception as e:
+            raise self._fail(pos, e) from e
+        marker = {
+            "restarted": True,
+            "reason": "env_error",
+            "error": f"{type(exc).__name__}: {exc}",
+            "restarts": count,
+            "seed": seed,
+            "worker": self.worker_address,
+        }
+        info: dict[str, Any] = {"TimeLimit.truncated": True, INFO_KEY: marker}
+        if last_obs is not None:
+            info["terminal_observation"] = last_obs
+        reset_info = dict(reset_info)
+        reset_info[INFO_KEY] = marker
+        self._returns[pos] = 0.0
+        return obs, info | {"_reset_info": reset_info}
+
+    def _step(self, actions: Any) -> dict[str, Any]:
+        n = len(self.envs)
+        obs_list: list[Any] = [None] * n
+        rewards = np.zeros(n, dtype=np.float64)
+        dones = np.zeros(n, dtype=bool)
+        infos: list[dict[str, Any]] = [{}] * n
+        reset_infos: dict[int, dict[str, Any]] = {}
+        t0 = time.perf_counter()
+        for pos, env in enumerate(self.envs):
+            try:
+                obs, rew, terminated, truncated, info = env.step(actions[pos])
+                done = bool(terminated or truncated)
+                info = dict(info) if not isinstance(info, dict) else info
+                info["TimeLimit.truncated"] = bool(truncated and not terminated)
+                self._returns[pos] += float(rew)
+                if done:
+                    info["terminal_observation"] = obs
+                    self.stats.record_episode(self._returns[pos])
+                    self._returns[pos] = 0.0
+                    obs, reset_infos[pos] = self._reset_one(pos, None, None)
+            except _EnvFailure:
+                raise
+            except Exception as e:
+                self.stats.errors += 1
+                if self.on_env_error != "restart":
+                    raise self._fail(pos, e) from e
+                last = None if self._last_obs is None else _row(self._last_obs, pos)
+                obs, info = self._restart(pos, e, last)
+                reset_infos[pos] = info.pop("_reset_info")
+                rew, done = 0.0, True
+            obs_list[pos] = obs
+            rewards[pos] = rew
+            dones[pos] = done
+            infos[pos] = info
+        elapsed = time.perf_counter() - t0
+        self.stats.record_step(n, elapsed)
+        stacked = stack_obs(obs_list, self.envs[0].observation_space)
+        self._last_obs = stacked
+        return {
+            "obs": stacked,
+            "rewards": rewards,
+            "dones": dones,
+            "infos": infos,
+            "reset_infos": reset_infos,
+            "env_seconds": elapsed,
+            "restarts": list(self.restarts),
+        }
+
+    def _reset_one(self, pos: int, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        env = self.envs[pos]
+        try:
+            if options:
+                return env.reset(seed=seed, options=options)
+            return env.reset(seed=seed)
+        except Exception as e:
+            self.stats.errors += 1
+            if self.on_env_error != "restart":
+                raise self._fail(pos, e) from e
+            last = None if self._last_obs is None else _row(self._last_obs, pos)
+            obs, info = self._restart(pos, e, last)
+            return obs, info.pop("_reset_info")
+
+    def _reset(self, seeds: list[int | None], options: list[dict[str, Any]]) -> dict[str, Any]:
+        obs_list = []
+        reset_infos = []
+        for pos in range(len(self.envs)):
+            if seeds[pos] is not None:
+                self._seeds[pos] = seeds[pos]
+            obs, info = self._reset_one(pos, seeds[pos], options[pos])
+            self._returns[pos] = 0.0
+            obs_list.append(obs)
+            reset_infos.append(info)
+        stacked = stack_obs(obs_list, self.envs[0].observation_space)
+        self._last_obs = stacked
+        return {"obs": stacked, "reset_infos": reset_infos, "restarts": list(self.restarts)}
+
+    def _each(self, positions: Sequence[int], fn: Callable[[gym.Env[Any, Any]], Any]) -> list[Any]:
+        out = []
+        for pos in positions:
+            try:
+                out.append(fn(self.envs[pos]))
+            except Exception as e:
+                raise self._fail(pos, e) from e
+        return out
+
+    def _get_attr(self, name: str, positions: Sequence[int]) -> list[Any]:
+        return self._each(positions, lambda env: env.get_wrapper_attr(name))
+
+    def _set_attr(self, name: str, value: Any, positions: Sequence[int]) -> None:
+        self._each(positions, lambda env: setattr(env, name, value))
+
+    def _env_method(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], positions: Sequence[int]
+    ) -> list[Any]:
+        return self._each(positions, lambda env: env.get_wrapper_attr(name)(*args, **kwargs))
+
+    def _is_wrapped(self, wrapper_class: type, positions: Sequence[int]) -> list[bool]:
+        return self._each(positions, lambda env: _is_wrapped(env, wrapper_class))
+
+    def _render(self, positions: Sequence[int]) -> list[Any]:
+        return self._each(positions, lambda env: env.render())
+
+    def _ping(self) -> dict[str, Any]:
+        return {"worker": self.worker_address, "deadline": self.deadline}
+
+    def __repr__(self) -> str:
+        return f"EnvGroup(envs={self.env_indices}, worker={self.worker_address!r})"
+
+
+def _listen_host(worker: Any) -> str:
+    """Host of the worker's own listening address; loopback for in-process workers."""
+    address = getattr(worker, "address", None)
+    if not address or "://" not in address:
+        return "127.0.0.1"
+    from distributed.comm import get_address_host
+
+    scheme = address.split("://", 1)[0]
+    if scheme not in ("tcp", "tls", "ws", "wss"):
+        return "127.0.0.1"
+    return str(get_address_host(address))
