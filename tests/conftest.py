@@ -1,0 +1,148 @@
+"""Shared fixtures: real multi-process clusters and separate dask processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+# Stepping tests must not be slowed by BLAS/torch thread oversubscription on 2 cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+TESTS_DIR = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def cluster2() -> Iterator[object]:
+    """A real 2-process LocalCluster (1 thread each), shared by the session."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client2(cluster2: object) -> Iterator[object]:
+    """A direct-to-workers client on :func:`cluster2`."""
+    from distributed import Client
+
+    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
+        yield c
+
+
+@dataclass
+class DaskProcesses:
+    """A ``dask scheduler`` and ``dask worker`` processes started by a test."""
+
+    address: str
+    scheduler: subprocess.Popen[bytes]
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    cwd: Path = Path("/")
+    worker_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def add_worker(self, *extra: str) -> subprocess.Popen[bytes]:
+        """Start one more ``dask worker`` process (no nanny, so SIGKILL kills it for good)."""
+        cmd = [
+            sys.executable, "-m", "distributed.cli.dask_worker", self.address,
+            "--nthreads", "1", "--no-nanny", "--no-dashboard", *self.worker_args, *extra,
+        ]
+        p = subprocess.Popen(cmd, cwd=self.cwd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.workers.append(p)
+        return p
+
+    def kill_worker(self, p: subprocess.Popen[bytes]) -> None:
+        """SIGKILL one worker process, like a node dying."""
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
+    def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
+        """Block until the scheduler sees ``n`` workers."""
+        from distributed import Client
+
+        with Client(self.address, timeout=timeout, set_as_default=False) as c:
+            c.wait_for_workers(n, timeout=timeout)
+
+    def stop(self) -> None:
+        """Terminate every process (kill after 10 s)."""
+        for p in [*self.workers, self.scheduler]:
+            if p.poll() is None:
+                p.terminate()
+        for p in [*self.workers, self.scheduler]:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def start_dask_processes(
+    n_workers: int, tmp_path: Path, scheduler_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()
+) -> DaskProcesses:
+    """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes in ``tmp_path``.
+
+    The processes run from ``tmp_path`` with a clean ``PYTHONPATH``: they can import
+    installed packages (daskvec included) but not the tests' own modules.
+    """
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+         "--dashboard-address", ":0", *scheduler_args],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    procs = DaskProcesses(address, scheduler, cwd=tmp_path, worker_args=list(worker_args), env=env)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if scheduler.poll() is not None or time.monotonic() > deadline:
+                procs.stop()
+                raise RuntimeError("dask scheduler did not start") from None
+            time.sleep(0.1)
+    for _ in range(n_workers):
+        procs.add_worker()
+    procs.wait_for_workers(n_workers)
+    return procs
+
+
+@pytest.fixture
+def dask_processes(tmp_path: Path) -> Iterator[object]:
+    """Factory fixture: ``dask_processes(n)`` starts a scheduler and ``n`` workers."""
+    started: list[DaskProcesses] = []
+
+    def start(n_workers: int = 2, scheduler_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> DaskProcesses:
+        p = start_dask_processes(n_workers, tmp_path, scheduler_args, worker_args)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+def have_chromium() -> bool:
+    """Whether Debian's chromium is installed."""
+    return shutil.which("chromium") is not None
