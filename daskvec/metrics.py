@@ -10,12 +10,17 @@ Worker side
 Client side
     :class:`ClientTimer` splits each vec-step's wall time into the time spent on the
     client (the learner, between steps), in transit and inside the envs.
+    :func:`client_message` turns it into the event a ``DaskVecEnv`` logs on the
+    scheduler every few seconds under the topic :data:`CLIENT_TOPIC`.
+
+This module is imported on the workers: it must not import Bokeh or the dashboard.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 import weakref
 from collections import deque
 from typing import Any
@@ -23,8 +28,10 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CLIENT_TOPIC",
     "WORKER_METRICS",
     "ClientTimer",
+    "client_message",
     "GroupStats",
     "install_worker_metrics",
     "worker_summary",
@@ -43,8 +50,12 @@ WORKER_METRICS: dict[str, str] = {
     "daskvec_restarts": "envs rebuilt on this worker after a crash or a move (counter)",
 }
 
+#: Topic of the scheduler events in which each DaskVecEnv reports its time split.
+CLIENT_TOPIC = "daskvec-client"
+
 _WINDOW = 512
 _RATE_WINDOW_S = 5.0
+_SUMMARY_TTL_S = 0.2  # one heartbeat reads every metric: compute the summary once for all
 
 
 class GroupStats:
@@ -78,7 +89,9 @@ class GroupStats:
 
     def steps_per_second(self) -> float:
         """Env-steps per second over the last few seconds (0 when idle)."""
-        marks = self._rate_marks
+        # a snapshot: the serving thread appends while the heartbeat reads
+        marks = list(self._rate_marks)
+        steps = self.steps
         if not marks:
             return 0.0
         now = time.monotonic()
@@ -92,12 +105,15 @@ class GroupStats:
         span = now - first[0]
         if span <= 0:
             return 0.0
-        return (self.steps - first[1]) / span
+        return (steps - first[1]) / span
 
 
 _groups_lock = threading.Lock()
 _groups: weakref.WeakSet[GroupStats] = weakref.WeakSet()
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
+# counters of groups already closed in this process, so that the worker's counters never go back
+_retired: dict[str, float] = {"steps": 0.0, "episodes": 0.0, "errors": 0.0, "restarts": 0.0}
+_summary_cache: tuple[float, dict[str, float]] | None = None
 
 
 def _live() -> list[GroupStats]:
@@ -105,27 +121,56 @@ def _live() -> list[GroupStats]:
         return list(_groups)
 
 
-def worker_summary() -> dict[str, float]:
-    """Aggregate the stats of every live group in this process into :data:`WORKER_METRICS`."""
-    groups = [g for g in _live() if g.n_envs > 0]
-    lat = [x for g in groups for x in list(g.latencies)]
-    rets = [x for g in groups for x in list(g.returns)]
+def _compute_summary() -> dict[str, float]:
+    groups = _live()
+    with _groups_lock:
+        retired = dict(_retired)
+    active = [g for g in groups if g.n_envs > 0]
+    lat = [x for g in active for x in list(g.latencies)]
+    rets = [x for g in active for x in list(g.returns)]
     return {
-        "daskvec_envs": float(sum(g.n_envs for g in groups)),
-        "daskvec_steps": float(sum(g.steps for g in groups)),
-        "daskvec_steps_per_s": float(sum(g.steps_per_second() for g in groups)),
+        "daskvec_envs": float(sum(g.n_envs for g in active)),
+        "daskvec_steps": retired["steps"] + float(sum(g.steps for g in groups)),
+        "daskvec_steps_per_s": float(sum(g.steps_per_second() for g in active)),
         "daskvec_step_p50_ms": float(np.percentile(lat, 50) * 1e3) if lat else 0.0,
         "daskvec_step_p99_ms": float(np.percentile(lat, 99) * 1e3) if lat else 0.0,
-        "daskvec_episodes": float(sum(g.episodes for g in groups)),
+        "daskvec_episodes": retired["episodes"] + float(sum(g.episodes for g in groups)),
         "daskvec_mean_return": float(np.mean(rets[-100:])) if rets else 0.0,
-        "daskvec_errors": float(sum(g.errors for g in groups)),
-        "daskvec_restarts": float(sum(g.restarts for g in groups)),
+        "daskvec_errors": retired["errors"] + float(sum(g.errors for g in groups)),
+        "daskvec_restarts": retired["restarts"] + float(sum(g.restarts for g in groups)),
     }
+
+
+def worker_summary(max_age: float = 0.0) -> dict[str, float]:
+    """Aggregate the stats of every group in this process into :data:`WORKER_METRICS`.
+
+    Counters (steps, episodes, errors, restarts) include groups that have closed;
+    envs, rate, latency and mean return cover the live groups only.
+
+    Parameters
+    ----------
+    max_age : float
+        Reuse a summary computed less than ``max_age`` seconds ago (the heartbeat
+        reads every metric in turn; they share one computation).
+
+    Returns
+    -------
+    dict
+        One float per name of :data:`WORKER_METRICS`.
+    """
+    global _summary_cache
+    now = time.monotonic()
+    cached = _summary_cache
+    if max_age > 0 and cached is not None and now - cached[0] < max_age:
+        return cached[1]
+    summary = _compute_summary()
+    _summary_cache = (now, summary)
+    return summary
 
 
 def _metric(name: str) -> Any:
     def get(worker: Any) -> float:
-        return worker_summary()[name]
+        return worker_summary(_SUMMARY_TTL_S)[name]
 
     get.__name__ = name
     return get
@@ -144,10 +189,18 @@ def install_worker_metrics(worker: Any, stats: GroupStats) -> None:
 
 
 def forget(stats: GroupStats) -> None:
-    """Stop counting a closed group (its envs no longer count on the worker)."""
+    """Stop counting a closed group (its envs no longer count on the worker).
+
+    Its counters stay in the worker's totals. Safe to call twice.
+    """
     stats.n_envs = 0
     with _groups_lock:
-        _groups.discard(stats)
+        if stats in _groups:
+            _groups.discard(stats)
+            _retired["steps"] += stats.steps
+            _retired["episodes"] += stats.episodes
+            _retired["errors"] += stats.errors
+            _retired["restarts"] += stats.restarts
 
 
 class ClientTimer:
@@ -159,6 +212,7 @@ class ClientTimer:
     """
 
     def __init__(self) -> None:
+        self.id = uuid.uuid4().hex[:12]
         self.client_s = 0.0
         self.transit_s = 0.0
         self.env_s = 0.0
@@ -195,3 +249,40 @@ class ClientTimer:
             "transit": self.transit_s / total,
             "env": self.env_s / total,
         }
+
+    def totals(self) -> dict[str, float]:
+        """Seconds spent so far on the client, in transit and in envs."""
+        return {"client": self.client_s, "transit": self.transit_s, "env": self.env_s}
+
+
+def client_message(timer: ClientTimer, num_envs: int, restarts: int = 0, closed: bool = False) -> dict[str, Any]:
+    """The event a DaskVecEnv logs on the scheduler under :data:`CLIENT_TOPIC`.
+
+    Parameters
+    ----------
+    timer : ClientTimer
+        The vec env's timer; its ``id`` tells vec envs apart.
+    num_envs : int
+        Envs in the vec env.
+    restarts : int
+        Envs rebuilt so far.
+    closed : bool
+        Whether this is the last message, sent by ``close()``.
+
+    Returns
+    -------
+    dict
+        msgpack-serialisable: ``id``, ``time`` (epoch seconds), ``num_envs``,
+        ``vec_steps``, ``restarts``, ``closed``, ``seconds`` (cumulative client,
+        transit and env seconds) and ``shares`` (the same as fractions).
+    """
+    return {
+        "id": timer.id,
+        "time": time.time(),
+        "num_envs": int(num_envs),
+        "vec_steps": int(timer.vec_steps),
+        "restarts": int(restarts),
+        "closed": bool(closed),
+        "seconds": timer.totals(),
+        "shares": timer.shares(),
+    }
