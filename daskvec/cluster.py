@@ -94,7 +94,9 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
     return LocalCluster(**opts)
 
 
-def resolve_client(client: Any, connect_timeout: float = 30.0, cluster_kwargs: dict[str, Any] | None = None) -> ResolvedClient:
+def resolve_client(
+    client: Any, connect_timeout: float = 30.0, cluster_kwargs: dict[str, Any] | None = None
+) -> ResolvedClient:
     """Turn the ``client=`` argument of ``DaskVecEnv`` into a usable client.
 
     Parameters

@@ -27,8 +27,10 @@ client side (:mod:`daskvec.vec_env`) sends requests and waits for replies with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import io
 import logging
 import pickle
 import secrets
@@ -40,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import cloudpickle
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -69,31 +72,90 @@ class ChannelError(ConnectionError):
 
 
 # --------------------------------------------------------------------------- encoding
+#: Arrays at least this large travel as separate out-of-band frames (never copied
+#: into the pickle); smaller ones ride inside it as raw bytes.
+OUT_OF_BAND_MIN_BYTES = 1 << 14
+
+
+def _array_pid(obj: Any, frames: list[memoryview]) -> Any:
+    # NumPy's own pickling of small arrays goes through Python helpers and costs more
+    # than a whole CartPole step; a persistent id of (dtype, shape, bytes) does not.
+    if type(obj) is not np.ndarray or obj.dtype.hasobject:
+        return None
+    if obj.nbytes >= OUT_OF_BAND_MIN_BYTES:
+        arr = np.ascontiguousarray(obj)
+        frames.append(memoryview(arr).cast("B"))
+        return ("F", arr.dtype.str, arr.shape, len(frames))
+    return ("B", obj.dtype.str, obj.shape, obj.tobytes())
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, frames: list[memoryview]) -> None:
+        super().__init__(file, protocol=5)
+        self._frames = frames
+
+    def persistent_id(self, obj: Any) -> Any:
+        return _array_pid(obj, self._frames)
+
+
+class _CloudPickler(cloudpickle.Pickler):
+    def __init__(self, file: io.BytesIO, frames: list[memoryview]) -> None:
+        super().__init__(file, protocol=5)
+        self._frames = frames
+
+    def persistent_id(self, obj: Any) -> Any:
+        return _array_pid(obj, self._frames)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes | bytearray | memoryview, frames: Sequence[bytes | bytearray | memoryview]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._frames = frames
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, dtype, shape, ref = pid
+        if kind == "F":
+            return np.frombuffer(self._frames[ref], dtype=dtype).reshape(shape)
+        if kind == "B":
+            return np.frombuffer(bytearray(ref), dtype=dtype).reshape(shape)
+        raise pickle.UnpicklingError(f"unknown persistent id kind {kind!r}")
+
+
 def encode(obj: Any) -> list[bytes | memoryview]:
-    """Encode ``obj`` as frames: one pickle, then the raw buffers of its arrays.
+    """Encode ``obj`` as frames: a header, one pickle, then the raw buffers of large arrays.
 
     Parameters
     ----------
     obj : object
-        Anything cloudpickle can pickle. Contiguous NumPy arrays inside it are not
-        copied into the pickle but sent as separate out-of-band frames.
+        Anything cloudpickle can pickle. NumPy arrays inside it are written as raw
+        bytes with their dtype and shape; those of at least
+        :data:`OUT_OF_BAND_MIN_BYTES` are not copied at all but sent as separate
+        frames after the pickle.
 
     Returns
     -------
     list of bytes-like
         ``[header, pickle, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
-    buffers: list[pickle.PickleBuffer] = []
-    payload = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    lengths = [len(payload), *(r.nbytes for r in raws)]
+    frames: list[memoryview] = []
+    f = io.BytesIO()
+    try:
+        _Pickler(f, frames).dump(obj)
+    except Exception:
+        # The C pickler is several times faster than cloudpickle; fall back to it only
+        # for what plain pickle cannot handle (lambdas, classes from __main__, ...).
+        frames.clear()
+        f = io.BytesIO()
+        _CloudPickler(f, frames).dump(obj)
+    payload = f.getbuffer()
+    lengths = [payload.nbytes, *(r.nbytes for r in frames)]
     header = _COUNT.pack(len(lengths)) + struct.pack(f"!{len(lengths)}Q", *lengths)
-    return [header, payload, *raws]
+    return [header, payload, *frames]
 
 
 def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
     """Decode the frames made by :func:`encode` (without the header frame)."""
-    return pickle.loads(frames[0], buffers=frames[1:])
+    return _Unpickler(frames[0], frames).load()
 
 
 def pack(obj: Any) -> bytes:
@@ -139,11 +201,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+_FIRST = struct.Struct("!IQ")
+
+
 def _recv_frames(sock: socket.socket) -> list[bytearray]:
-    (count,) = _COUNT.unpack(_recv_exact(sock, _COUNT.size))
+    # Every message has at least one frame: read the count and the first length at once.
+    count, first = _FIRST.unpack(_recv_exact(sock, _FIRST.size))
     if not 0 < count <= _MAX_FRAMES:
         raise ChannelError(f"malformed message header ({count} frames)")
-    lengths = struct.unpack(f"!{count}Q", _recv_exact(sock, 8 * count))
+    lengths = (first, *struct.unpack(f"!{count - 1}Q", _recv_exact(sock, 8 * (count - 1)))) if count > 1 else (first,)
     if any(n > _MAX_FRAME_BYTES for n in lengths):
         raise ChannelError("malformed message header (frame too large)")
     return [_recv_exact(sock, n) for n in lengths]
@@ -249,18 +315,14 @@ class ChannelServer:
         if self._closed.is_set():
             return
         self._closed.set()
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
-            try:
+            with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 # --------------------------------------------------------------------------- channels
@@ -350,10 +412,8 @@ class DirectChannel:
     def close(self) -> None:
         """See :class:`Channel`."""
         if self._sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             self._sock.close()
             self._sock = None
 
