@@ -1,0 +1,366 @@
+"""The daskvec dashboard page, its Prometheus metrics and the worker-side figures.
+
+Component tests build the page against the in-process scheduler of a real 2-process
+``LocalCluster``, drive a ``DaskVecEnv``, wait for the workers' heartbeats and check
+``source.data`` per worker against numbers known from the env (``CountingEnv`` pays
+the action as reward and ends episodes after ``horizon`` steps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from envs import CountingEnv
+
+from daskvec import dashboard, metrics
+from daskvec.metrics import CLIENT_TOPIC, WORKER_METRICS, ClientTimer, GroupStats
+
+pytest.importorskip("bokeh")
+pytest.importorskip("prometheus_client")
+
+HORIZON = 10
+N_ENVS = 4
+MIN_STEPS = 60
+INDIVIDUAL = [r for r in dashboard.ROUTES if r.startswith("/individual-")]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` every 50 ms until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def prometheus_samples(text: str) -> dict[str, float]:
+    """``{'name{labels}': value}`` for every sample line of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+# --------------------------------------------------------------------------- no cluster
+def test_group_stats_counters_survive_forget() -> None:
+    before = metrics.worker_summary()
+    a, b = GroupStats(2), GroupStats(3)
+    metrics.install_worker_metrics(None, a)
+    metrics.install_worker_metrics(None, b)
+    a.record_step(2, 0.001)
+    a.record_episode(5.0)
+    a.errors += 1
+    b.record_step(3, 0.003)
+    b.restarts += 2
+    live = metrics.worker_summary()
+    assert live["daskvec_envs"] == before["daskvec_envs"] + 5
+    assert live["daskvec_steps"] == before["daskvec_steps"] + 5
+    metrics.forget(a)
+    metrics.forget(a)  # twice: counted once
+    metrics.forget(b)
+    after = metrics.worker_summary()
+    assert after["daskvec_envs"] == before["daskvec_envs"]
+    for name, added in (("daskvec_steps", 5), ("daskvec_episodes", 1), ("daskvec_errors", 1), ("daskvec_restarts", 2)):
+        assert after[name] == before[name] + added, name
+
+
+def test_worker_summary_is_computed_once_per_heartbeat() -> None:
+    stats = GroupStats(1)
+    metrics.install_worker_metrics(None, stats)
+    try:
+        first = metrics.worker_summary(max_age=60.0)
+        stats.record_step(1, 0.001)
+        assert metrics.worker_summary(max_age=60.0) is first  # cached within max_age
+        assert metrics.worker_summary()["daskvec_steps"] == first["daskvec_steps"] + 1
+    finally:
+        metrics.forget(stats)
+
+
+def test_client_message_carries_cumulative_seconds() -> None:
+    timer = ClientTimer()
+    timer.sent()
+    timer.received(0.0)
+    msg = metrics.client_message(timer, num_envs=3, restarts=1, closed=True)
+    assert msg["id"] == timer.id and msg["num_envs"] == 3 and msg["restarts"] == 1 and msg["closed"] is True
+    assert msg["vec_steps"] == 1
+    assert set(msg["seconds"]) == {"client", "transit", "env"} == set(msg["shares"])
+    assert msg["seconds"]["transit"] > 0 and msg["seconds"]["env"] == 0.0
+
+
+def _msg(i: str, t: float, client: float, transit: float, env: float, closed: bool = False) -> dict[str, Any]:
+    return {"id": i, "time": t, "closed": closed, "seconds": {"client": client, "transit": transit, "env": env}}
+
+
+def test_time_split_uses_recent_window_and_sums_running_envs() -> None:
+    now = 1000.0
+    msgs = [
+        _msg("a", now - 30, 100.0, 100.0, 100.0),
+        _msg("a", now - 12, 101.0, 101.0, 101.0),  # the base: >= 10 s before the latest
+        _msg("a", now - 5, 101.5, 101.5, 101.5),
+        _msg("a", now - 1, 102.0, 104.0, 107.0),
+        _msg("b", now - 1, 1.0, 0.0, 0.0),  # a second vec env, no base: cumulative
+        _msg("c", now - 100, 5.0, 5.0, 5.0),
+        _msg("c", now - 90, 9.0, 9.0, 9.0, closed=True),
+    ]
+    seconds, live, last_closed, running = dashboard._time_split(msgs, now)
+    assert live and running == 2
+    assert seconds == {"client": 1.0 + 1.0, "transit": 3.0, "env": 6.0}
+    assert last_closed == now - 90
+    # nothing running: the last run's split, marked as not live
+    seconds, live, last_closed, running = dashboard._time_split(msgs[-2:], now)
+    assert not live and running == 0 and seconds == {"client": 4.0, "transit": 4.0, "env": 4.0}
+    assert dashboard._time_split([], now) == ({"client": 0.0, "transit": 0.0, "env": 0.0}, False, None, 0)
+
+
+def test_install_is_idempotent_and_links_the_navigation() -> None:
+    import distributed.dashboard.scheduler as dsched
+
+    assert dashboard.install() and dashboard.install()
+    for route, fn in dashboard.ROUTES.items():
+        assert dsched.applications[route] is fn
+    wrapped = dsched.template_variables
+    assert getattr(wrapped, "_daskvec", False)
+    dashboard._add_nav(dsched)
+    assert dsched.template_variables is wrapped  # not wrapped twice
+
+
+# --------------------------------------------------------------------------- one cluster
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from distributed import LocalCluster
+
+    dashboard.install()  # before the scheduler starts, as ``import daskvec.vec_env`` does
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0", silence_logs=40
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Any) -> Iterator[Any]:
+    from distributed import Client
+
+    with Client(cluster, direct_to_workers=True, set_as_default=False) as c:
+        yield c
+
+
+def test_page_before_any_env_says_so(cluster: Any, client: Any) -> None:
+    page = dashboard.DaskvecDashboard(cluster.scheduler)
+    page.update()
+    assert "No DaskVecEnv is running on this cluster yet" in page.status.text
+    data = page.source.data
+    assert sorted(data["address"]) == sorted(cluster.scheduler.workers)
+    assert list(data["envs"]) == [0.0, 0.0] and list(data["steps_per_s"]) == [0.0, 0.0]
+    assert list(page.time_split.source.data["share"]) == [0.0, 0.0, 0.0]
+    assert list(page.throughput.source.data["steps_per_s"]) == [0.0]
+
+
+class Stepped:
+    """A DaskVecEnv that stepped ``n`` times with action 1 and has reported to the scheduler."""
+
+    def __init__(self, env: Any, n: int) -> None:
+        self.env = env
+        self.n = n
+        self.per_worker: dict[str, int] = {}
+        for g in env.groups:
+            self.per_worker[g["worker"]] = self.per_worker.get(g["worker"], 0) + len(g["envs"])
+
+
+@pytest.fixture(scope="module")
+def stepped(cluster: Any, client: Any) -> Iterator[Stepped]:
+    from daskvec import DaskVecEnv
+
+    env = DaskVecEnv([lambda: CountingEnv(horizon=HORIZON) for _ in range(N_ENVS)], client=client, timeout=60)
+    try:
+        env.reset()
+        ones = np.ones(N_ENVS, dtype=np.int64)
+        scheduler = cluster.scheduler
+
+        def reported() -> bool:
+            return any(m.get("id") == env.timer.id for _, m in scheduler.get_events(CLIENT_TOPIC))
+
+        n = 0
+        deadline = time.monotonic() + 60
+        # step until the vec env has logged its time split once (every 2 s while stepping)
+        while n < MIN_STEPS or not reported():
+            env.step(ones)
+            n += 1
+            assert time.monotonic() < deadline, "the DaskVecEnv never reported to the scheduler"
+        s = Stepped(env, n)
+
+        def heartbeats_arrived() -> bool:
+            return all(
+                scheduler.workers[w].metrics.get("daskvec_steps") == k * n for w, k in s.per_worker.items()
+            )
+
+        wait_until(heartbeats_arrived, 30, "heartbeats with every step")
+        yield s
+    finally:
+        env.close()
+
+
+def test_page_per_worker_figures_while_running(cluster: Any, stepped: Stepped) -> None:
+    scheduler = cluster.scheduler
+    page = dashboard.DaskvecDashboard(scheduler)
+    page.update()
+    n = stepped.n
+    assert len(stepped.per_worker) == 2, "the envs should be spread over both workers"
+    assert page.status.text.startswith("1 DaskVecEnv running: 4 envs in 2 env groups on 2 workers")
+    data = page.source.data
+    rows = {a: i for i, a in enumerate(data["address"])}
+    assert set(rows) == set(stepped.per_worker)
+    for w, k in stepped.per_worker.items():
+        i = rows[w]
+        assert data["envs"][i] == k
+        assert data["steps_per_s"][i] > 0
+        assert 0 < data["step_p50_ms"][i] <= data["step_p99_ms"][i]
+        assert data["episodes"][i] == k * (n // HORIZON)
+        assert data["mean_return"][i] == pytest.approx(float(HORIZON))  # reward = action = 1 per step
+        assert data["errors"][i] == 0 and data["restarts"][i] == 0
+        # the same figures as the heartbeat brought to the scheduler
+        m = scheduler.workers[w].metrics
+        for col, name in dashboard._FROM_METRIC.items():
+            if col in data and col != "steps_per_s":  # a rate: a heartbeat may have come in between
+                assert data[col][i] == m[name], col
+    # the bars draw the table's source; the throughput line is the sum of the workers' rates
+    assert page.workers.bars.renderers[0].data_source is page.source
+    assert page.throughput.source.data["steps_per_s"][-1] == pytest.approx(sum(data["steps_per_s"]))
+    split = dict(zip(page.time_split.source.data["part"], page.time_split.source.data["share"], strict=True))
+    assert sum(split.values()) == pytest.approx(1.0)
+    assert split["transit"] > 0 and split["env"] > 0 and split["client"] >= 0
+    assert page.time_split.root.title.text == "Where step time goes"
+    # the individual components agree with the whole page
+    for cls, attr in ((dashboard.WorkerLoad, "workers"), (dashboard.TimeSplit, "time_split")):
+        part = cls(scheduler)
+        part.update()
+        same = getattr(page, attr).source.data
+        for col in part.source.data:
+            if col != "steps_per_s":  # a rate: may move with a heartbeat in between
+                assert list(part.source.data[col]) == list(same[col]), col
+
+
+def test_workers_page_shows_the_figures_as_columns(cluster: Any, stepped: Stepped) -> None:
+    from distributed.dashboard.components.scheduler import WorkerTable
+
+    table = WorkerTable(cluster.scheduler)
+    assert set(WORKER_METRICS) <= set(table.extra_names)
+    table.update()
+    data = table.source.data
+    for w, k in stepped.per_worker.items():
+        i = list(data["address"]).index(w)
+        assert data["daskvec_envs"][i] == k
+        assert data["daskvec_steps"][i] == k * stepped.n
+
+
+def test_prometheus_collector_per_worker(cluster: Any, stepped: Stepped) -> None:
+    collector = dashboard.PrometheusCollector(lambda: [cluster.scheduler])
+    families = {f.name: f for f in collector.collect()}
+    assert {f.name + ("_total" if f.type == "counter" else "") for f in families.values()} == set(
+        dashboard.PROMETHEUS_METRICS
+    )
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    for w, k in stepped.per_worker.items():
+        assert samples[("dask_daskvec_envs", (("worker", w),))] == k
+        assert samples[("dask_daskvec_env_steps_total", (("worker", w),))] == k * stepped.n
+        assert samples[("dask_daskvec_episodes_total", (("worker", w),))] == k * (stepped.n // HORIZON)
+        assert samples[("dask_daskvec_mean_episode_return", (("worker", w),))] == pytest.approx(HORIZON)
+        p50 = samples[("dask_daskvec_step_latency_seconds", (("quantile", "0.5"), ("worker", w)))]
+        p99 = samples[("dask_daskvec_step_latency_seconds", (("quantile", "0.99"), ("worker", w)))]
+        assert 0 < p50 <= p99
+    assert samples[("dask_daskvec_env_groups", ())] == 2
+    assert samples[("dask_daskvec_vec_envs", ())] == 1
+    shares = [samples[("dask_daskvec_client_time_share", (("part", p),))] for p in ("client", "transit", "env")]
+    assert sum(shares) == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(120)
+def test_http_every_route_and_metric(cluster: Any, stepped: Stepped) -> None:
+    port = cluster.scheduler.http_server.port
+    for route in dashboard.ROUTES:
+        status, body = http_get(port, route)
+        assert status == 200, route
+        assert "bokeh" in body.lower(), route
+        if route.startswith("/individual-"):  # the page itself, no template
+            assert "<title>Dask: daskvec" in body, route
+    # the navigation links the page, on daskvec's page and on Dask's own
+    for route in ("/daskvec", "/status"):
+        assert '<a href="daskvec">Daskvec</a>' in http_get(port, route)[1], route
+    plots = json.loads(http_get(port, "/individual-plots.json")[1])
+    assert set(INDIVIDUAL) <= set(plots.values())
+    text = http_get(port, "/metrics")[1]
+    for name in dashboard.PROMETHEUS_METRICS:
+        assert f"\n{name}" in text, name
+    samples = prometheus_samples(text)
+    for w, k in stepped.per_worker.items():
+        assert samples[f'dask_daskvec_envs{{worker="{w}"}}'] == k
+        assert samples[f'dask_daskvec_env_steps_total{{worker="{w}"}}'] == k * stepped.n
+        assert samples[f'dask_daskvec_env_errors_total{{worker="{w}"}}'] == 0
+    assert samples["dask_daskvec_env_groups"] == 2
+
+
+def test_every_bokeh_document_builds(cluster: Any, stepped: Stepped) -> None:
+    from bokeh.document import Document
+
+    extra = {"prefix": "/", "pages": ["status", "daskvec"], "plots": [], "jupyter": False}
+    for route, fn in dashboard.ROUTES.items():
+        doc = Document()
+        fn(cluster.scheduler, dict(extra), doc)
+        assert len(doc.roots) == 1, route
+        assert doc.session_callbacks, f"{route} is not live-updating"
+        names = {m.name for m in doc.roots[0].references() if m.name}
+        if route in ("/daskvec", "/individual-daskvec", "/individual-daskvec-workers"):
+            assert "daskvec-workers" in names, route
+
+
+def test_repr_html_lists_workers_and_envs(stepped: Stepped) -> None:
+    html = stepped.env._repr_html_()
+    link = stepped.env.dashboard_link
+    assert link and link in html
+    assert "/daskvec" in html
+    assert f"{N_ENVS} envs in 2 groups on 2 workers" in html
+    for g in stepped.env.groups:
+        assert g["worker"] in html
+        assert f"{g['envs'][0]}-{g['envs'][-1]}" in html
+
+
+def test_page_after_close_says_so(cluster: Any, stepped: Stepped) -> None:
+    scheduler = cluster.scheduler
+    page = dashboard.DaskvecDashboard(scheduler)
+    page.update()
+    assert page.last is not None and page.last.running
+    stepped.env.close()
+    assert "closed" in stepped.env._repr_html_()
+
+    def emptied() -> bool:
+        return all(scheduler.workers[w].metrics.get("daskvec_envs") == 0 for w in stepped.per_worker)
+
+    wait_until(emptied, 30, "heartbeats without envs")
+    page.update()
+    assert page.status.text.startswith("No DaskVecEnv is running: the last one closed at")
+    data = page.source.data
+    rows = {a: i for i, a in enumerate(data["address"])}
+    for w, k in stepped.per_worker.items():
+        i = rows[w]
+        assert data["envs"][i] == 0 and data["steps_per_s"][i] == 0
+        assert data["episodes"][i] == k * (stepped.n // HORIZON)  # counters survive the close
+    assert page.time_split.root.title.text.endswith("(last run)")
+    assert sum(page.time_split.source.data["share"]) == pytest.approx(1.0)
+    assert page.throughput.source.data["steps_per_s"][-1] == 0.0
+    status, _ = http_get(scheduler.http_server.port, "/individual-daskvec")
+    assert status == 200
