@@ -1,0 +1,210 @@
+"""The benchmark harness: structure of its results, files and CLI (no timing thresholds)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import have_chromium
+
+from daskvec import bench
+
+with contextlib.suppress(ImportError):
+    # registers the daskvec page before the session cluster (cluster2) starts its dashboard
+    import daskvec.dashboard  # noqa: F401
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STEP_KEYS = {
+    "steps_per_s", "steps_per_s_runs", "vec_steps", "elapsed_s", "ttfs_s", "ttfs_runs", "construct_s",
+    "reset_s", "first_step_s", "close_s", "reward_sum", "dones", "obs_checksum", "memory",
+    "leftover_processes", "ratio_steps_per_s", "ratio_ttfs", "ratio_mem_per_env",
+}
+MEMORY_KEYS = {
+    "client_rss_mb", "client_uss_mb", "client_delta_uss_mb", "env_processes", "env_processes_uss_mb",
+    "helpers_uss_mb", "processes", "client_per_env_mb", "env_processes_per_env_mb", "per_env_mb",
+}
+
+
+def _check_machine(machine: dict[str, Any]) -> None:
+    assert machine["cores_usable"] >= 1
+    assert machine["memory_gb"] > 0
+    assert machine["python"].count(".") == 2
+    for pkg in ("daskvec", "distributed", "stable-baselines3", "gymnasium"):
+        assert machine["packages"][pkg], pkg
+
+
+def _check_files(results: dict[str, Any], out: Path) -> dict[str, Any]:
+    files = results["files"]
+    assert Path(files["json"]).parent == out
+    png = Path(files["png"])
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert (out / "latest.png").read_bytes() == png.read_bytes()
+    on_disk = json.loads(Path(files["json"]).read_text())
+    assert on_disk == json.loads((out / "latest.json").read_text())
+    assert on_disk["files"] == files
+    return on_disk
+
+
+@pytest.mark.timeout(240)
+def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None:
+    """All four vec envs on three tiny scenarios: every figure is there, ratios are to SubprocVecEnv."""
+    results = bench.run_benchmark(
+        scenarios=["light", "heavy", "images"],
+        n_envs=[2],
+        steps=4,
+        warmup=0.0,
+        heavy_step_s=1e-4,
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+        subproc_start_method="fork",
+        out_dir=tmp_path,
+    )
+    assert [c["case"] for c in results["cases"]] == ["light-2", "heavy-2", "images-2"]
+    _check_machine(results["machine"])
+    assert results["settings"]["baseline"] == "subproc"
+    for case in results["cases"]:
+        assert case["n_envs"] == 2
+        assert list(case["results"]) == ["dummy", "subproc", "async", "dask"]
+        for kind, res in case["results"].items():
+            assert "error" not in res, (case["case"], kind, res.get("error"))
+            assert set(res) >= STEP_KEYS, (kind, STEP_KEYS - set(res))
+            assert set(res["memory"]) >= MEMORY_KEYS
+            assert res["vec_steps"] == 4
+            assert res["steps_per_s"] > 0 and res["ttfs_s"] > 0
+            assert res["ttfs_s"] >= res["first_step_s"]
+            assert res["memory"]["per_env_mb"] >= 0
+            assert res["leftover_processes"] == 0
+        subproc = case["results"]["subproc"]
+        assert subproc["ratio_steps_per_s"] == 1.0 and subproc["ratio_ttfs"] == 1.0
+        assert math.isclose(case["results"]["dask"]["ratio_steps_per_s"],
+                            case["results"]["dask"]["steps_per_s"] / subproc["steps_per_s"])
+        # every SB3 vec env stepped the same envs with the same actions: identical outcomes
+        sb3 = [case["results"][k] for k in ("dummy", "subproc", "dask")]
+        assert len({(r["reward_sum"], r["dones"], r["obs_checksum"]) for r in sb3}) == 1, case["case"]
+        # the env-holding processes are counted: two subprocesses, two Dask workers
+        assert subproc["memory"]["env_processes"] == 2
+        assert case["results"]["async"]["memory"]["env_processes"] == 2
+        assert case["results"]["dask"]["memory"]["env_processes"] == 2
+        assert case["results"]["dummy"]["memory"]["env_processes"] == 0
+        assert case["results"]["dask"]["transport"]
+    heavy = results["cases"][1]
+    assert heavy["ideal_steps_per_s"] == pytest.approx(heavy["cores"] / 1e-4)
+    assert all("fraction_of_ideal" in r for r in heavy["results"].values())
+    on_disk = _check_files(results, tmp_path)
+    assert [c["case"] for c in on_disk["cases"]] == ["light-2", "heavy-2", "images-2"]
+    table = bench.format_table(results)
+    for label in ("DummyVecEnv", "SubprocVecEnv", "AsyncVectorEnv", "DaskVecEnv", "of ideal", "machine:"):
+        assert label in table
+
+
+@pytest.mark.timeout(240)
+def test_run_benchmark_training_structure(cluster2: Any, tmp_path: Path) -> None:
+    """A tiny PPO run per vec env: wall time, reward, and the same reward on DummyVecEnv and DaskVecEnv."""
+    results = bench.run_benchmark(
+        scenarios=["training"],
+        vec_envs=["dummy", "async", "dask"],
+        n_envs=[2],
+        training_timesteps=64,
+        eval_episodes=2,
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+        out_dir=tmp_path,
+    )
+    (case,) = results["cases"]
+    assert case["case"] == "training-2" and case["timesteps"] == 64
+    assert "skipped" in case["results"]["async"]
+    for kind in ("dummy", "dask"):
+        res = case["results"][kind]
+        assert "error" not in res, res.get("error")
+        assert res["timesteps"] >= 64
+        assert res["wall_s"] > 0 and res["wall_runs"] == [res["wall_s"]]
+        assert 1 <= res["mean_reward"] <= 500
+        assert res["ratio_wall"] is None  # no SubprocVecEnv in this run, so no ratio
+        assert res["leftover_processes"] == 0
+    assert case["results"]["dummy"]["mean_reward"] == case["results"]["dask"]["mean_reward"]
+    _check_files(results, tmp_path)
+    assert "reward" in bench.format_table(results)
+
+
+@pytest.mark.timeout(240)
+def test_cli_run_embedded_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``daskvec bench`` as the CLI calls it, on the default embedded LocalCluster."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "out"
+    args = parser.parse_args([
+        "--scenario", "light", "--envs", "2", "--steps", "3", "--warmup", "0",
+        "--vec-envs", "dummy,dask", "--out", str(out),
+    ])
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "DaskVecEnv" in printed and "DummyVecEnv" in printed and "png:" in printed
+    (json_file,) = out.glob("bench-*.json")
+    data = json.loads(json_file.read_text())
+    (case,) = data["cases"]
+    assert case["case"] == "light-2"
+    dask = case["results"]["dask"]
+    assert "error" not in dask, dask.get("error")
+    assert dask["dashboard_link"]  # an embedded cluster was started (and closed: no leftovers)
+    assert dask["leftover_processes"] == 0
+    assert dask["memory"]["env_processes"] >= 1
+    assert data["settings"]["scheduler"] is None
+    assert (out / "latest.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_invalid_options() -> None:
+    with pytest.raises(ValueError, match="unknown scenario"):
+        bench.run_benchmark(scenarios=["fast"])
+    with pytest.raises(ValueError, match="vec_envs"):
+        bench.run_benchmark(scenarios=["light"], vec_envs=["ray"])
+    with pytest.raises(ValueError, match="transport"):
+        bench.run_benchmark(scenarios=["light"], transport="udp")
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert bench.run(parser.parse_args(["--scenario", "light", "--repeat", "0"])) == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--envs", "0"])
+
+
+def test_envs_and_actions() -> None:
+    """The heavy env burns CPU (not sleep) and the image env returns fresh uint8 frames."""
+    import time
+
+    env = bench.BusyEnv(step_cpu_s=2e-3, horizon=3)
+    env.reset(seed=1)
+    cpu0 = time.thread_time()
+    for _ in range(3):
+        *_, truncated, _ = env.step(1)
+    assert time.thread_time() - cpu0 >= 3 * 2e-3
+    assert truncated
+    img = bench.ImageEnv()
+    first, _ = img.reset(seed=0)
+    obs, *_ = img.step(2)
+    assert obs.shape == (84, 84, 3) and obs.dtype.name == "uint8"
+    assert not (obs == first).all() and img.observation_space.contains(obs)
+    a = bench.action_cycle(img.action_space, 16, 32, seed=3)
+    b = bench.action_cycle(img.action_space, 16, 32, seed=3)
+    assert a.shape == (32, 16) and (a == b).all() and a.min() >= 0 and a.max() <= 3
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium")
+def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
+    """--dashboard: the daskvec page is found on the scheduler and really opened in chromium."""
+    pytest.importorskip("daskvec.dashboard")
+    results = bench.run_benchmark(
+        scenarios=["none"], vec_envs=["dask"], n_envs=[2], steps=3, warmup=0.0, dashboard=True, out_dir=tmp_path,
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+    )
+    dash = results["dashboard"]
+    assert dash["available"], dash.get("reason") or dash.get("error")
+    assert dash["route"] == "/daskvec"
+    assert dash["method"] == "chromium" and dash["page_connected"]
+    assert dash["open_steps_per_s"] > 0 and dash["closed_steps_per_s"] > 0
+    assert math.isclose(dash["ratio_open_to_closed"], dash["open_steps_per_s"] / dash["closed_steps_per_s"])
+    assert json.loads(Path(results["files"]["json"]).read_text())["dashboard"]["route"] == "/daskvec"
+    assert "dashboard (chromium, /daskvec)" in bench.format_table(results)
