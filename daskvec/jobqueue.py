@@ -1,0 +1,503 @@
+"""Size a dask-jobqueue cluster (SLURM, PBS, SGE, LSF, ...) for a number of envs.
+
+On a batch system each Dask worker is started by a job; how many jobs to ask for, how
+many cores, worker processes and how much memory each needs, and when each worker
+should leave before its walltime, all follow from how many envs you want to run.
+:func:`plan_jobs` works this out, :func:`cluster_for_envs` builds and scales the
+cluster from it, and :func:`scale_for_envs` scales a cluster you made yourself.
+
+An env-group actor runs on its worker's single actor thread, so a worker *process*
+steps its envs one after the other: one process per core (``threads_per_process=1``)
+is the layout that steps envs in parallel.
+
+Walltime: each worker is given ``--lifetime`` a little shorter than the job's walltime
+(and a ``--lifetime-stagger`` so that workers of one batch do not all leave at once).
+Every env group reports that deadline to :class:`~daskvec.DaskVecEnv`, which moves the
+envs off a worker ``migrate_before`` seconds ahead of it, reporting truncations, while
+an adaptive cluster submits replacement jobs.
+
+Example
+-------
+>>> from dask_jobqueue import SLURMCluster                      # doctest: +SKIP
+>>> from daskvec.jobqueue import cluster_for_envs               # doctest: +SKIP
+>>> cluster, plan = cluster_for_envs(SLURMCluster, 64, envs_per_worker=4,
+...     processes_per_job=8, queue="normal", walltime="02:00:00")  # doctest: +SKIP
+>>> env = DaskVecEnv(env_fns, client=cluster, **plan.vec_env_kwargs())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask.utils import format_bytes, parse_bytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_RESOURCE",
+    "JobPlan",
+    "cluster_for_envs",
+    "parse_walltime",
+    "plan_jobs",
+    "scale_for_envs",
+]
+
+#: Name of the worker resource that marks workers started to hold envs.
+DEFAULT_RESOURCE = "daskvec_envs"
+
+_SCALINGS = ("adapt", "fixed", "none")
+
+# Batch systems whose walltime is written ``[hours:]minutes`` rather than ``[[days-]hours:]minutes:seconds``.
+_MINUTE_FORMATS = ("lsf",)
+
+
+def parse_walltime(walltime: str | int | float, system: str = "slurm") -> float:
+    """Seconds in a batch-system walltime string.
+
+    Parameters
+    ----------
+    walltime : str, int or float
+        ``"HH:MM:SS"``, ``"D-HH:MM:SS"``, ``"MM:SS"`` or ``"MM"`` (SLURM, PBS, SGE,
+        OAR, Moab; a lone number is minutes, as ``sbatch -t`` reads it), ``"HH:MM"``
+        or ``"MM"`` for LSF (``bsub -W``). Numbers are seconds.
+    system : str
+        The dask-jobqueue config name of the batch system (``"slurm"``, ``"pbs"``,
+        ``"lsf"``, ...), which decides how a string is read.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        For a string that is not a walltime.
+
+    Examples
+    --------
+    >>> parse_walltime("01:30:00")
+    5400.0
+    >>> parse_walltime("1-00:00:00")
+    86400.0
+    >>> parse_walltime("02:00", "lsf")
+    7200.0
+    """
+    if isinstance(walltime, (int, float)):
+        return float(walltime)
+    text = str(walltime).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", text)
+    if not m:
+        raise ValueError(f"walltime {walltime!r} is not of the form [D-]HH:MM:SS, MM:SS or MM")
+    days = int(m.group(1) or 0)
+    parts = [int(p) for p in m.group(2).split(":")]
+    if system in _MINUTE_FORMATS:
+        if len(parts) > 2 or days:
+            raise ValueError(f"an LSF walltime is [HH:]MM, not {walltime!r}")
+        hours, minutes = (parts if len(parts) == 2 else [0, parts[0]])
+        return float(hours * 3600 + minutes * 60)
+    if len(parts) == 1:
+        h, mi, s = 0, parts[0], 0
+    elif len(parts) == 2:
+        h, mi, s = 0, parts[0], parts[1]
+    else:
+        h, mi, s = parts
+    return float(days * 86400 + h * 3600 + mi * 60 + s)
+
+
+def _seconds_text(seconds: float) -> str:
+    return f"{max(int(seconds), 1)}s"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """How many batch jobs, and of what shape, hold ``n_envs`` envs.
+
+    Attributes
+    ----------
+    n_envs : int
+        Envs to hold.
+    envs_per_worker : int
+        Envs each worker process holds.
+    processes_per_job : int
+        Dask worker processes per job (``processes=`` of dask-jobqueue).
+    threads_per_process : int
+        Threads per worker process.
+    cores_per_job : int
+        ``cores=`` of dask-jobqueue: ``processes_per_job * threads_per_process``.
+    memory_per_job : str
+        ``memory=`` of dask-jobqueue.
+    workers : int
+        Worker processes needed: ``ceil(n_envs / envs_per_worker)``.
+    jobs : int
+        Jobs to submit: ``ceil(workers / processes_per_job)``.
+    walltime_s : float or None
+        The jobs' walltime in seconds, when known.
+    lifetime_s : float or None
+        ``--lifetime`` given to each worker (before the stagger), when a walltime is known.
+    stagger_s : float
+        ``--lifetime-stagger`` given to each worker.
+    resources : dict
+        Worker resources each worker advertises (``--resources``), e.g. ``{"daskvec_envs": 4}``.
+    """
+
+    n_envs: int
+    envs_per_worker: int
+    processes_per_job: int
+    threads_per_process: int
+    cores_per_job: int
+    memory_per_job: str
+    workers: int
+    jobs: int
+    walltime_s: float | None = None
+    lifetime_s: float | None = None
+    stagger_s: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def worker_extra_args(self) -> list[str]:
+        """Arguments for ``dask worker`` (dask-jobqueue's ``worker_extra_args``)."""
+        args: list[str] = []
+        if self.resources:
+            args += ["--resources", ",".join(f"{k}={_num(v)}" for k, v in self.resources.items())]
+        if self.lifetime_s is not None:
+            args += ["--lifetime", _seconds_text(self.lifetime_s)]
+            if self.stagger_s > 0:
+                args += ["--lifetime-stagger", _seconds_text(self.stagger_s)]
+        return args
+
+    def cluster_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for a dask-jobqueue cluster class (cores, processes, memory, worker args)."""
+        return {
+            "cores": self.cores_per_job,
+            "processes": self.processes_per_job,
+            "memory": self.memory_per_job,
+            "worker_extra_args": self.worker_extra_args(),
+        }
+
+    @property
+    def migrate_before(self) -> float:
+        """Seconds ahead of a worker's end to move its envs: 2 minutes, less for short lifetimes."""
+        if self.lifetime_s is None:
+            return 120.0
+        return float(min(120.0, max(5.0, 0.25 * (self.lifetime_s - self.stagger_s))))
+
+    def vec_env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`~daskvec.DaskVecEnv` that match this plan.
+
+        ``resources`` keeps envs on the workers started for them; ``migrate_before``
+        fits the workers' lifetime; ``auto_rebalance`` spreads envs back over
+        replacement jobs when they join.
+        """
+        out: dict[str, Any] = {"migrate_before": self.migrate_before, "auto_rebalance": True}
+        if self.resources:
+            out["resources"] = {k: 1 for k in self.resources}
+        return out
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+def _config_name(cluster_cls: Any, kwargs: dict[str, Any]) -> str:
+    name = kwargs.get("config_name")
+    if name:
+        return str(name)
+    job_cls = getattr(cluster_cls, "job_cls", None)
+    return str(getattr(job_cls, "config_name", None) or getattr(cluster_cls, "config_name", "") or "slurm")
+
+
+def plan_jobs(
+    n_envs: int,
+    *,
+    envs_per_worker: int = 1,
+    processes_per_job: int = 1,
+    threads_per_process: int = 1,
+    memory_per_worker: str | int = "1GiB",
+    walltime: str | float | None = None,
+    system: str = "slurm",
+    lifetime_margin: float | None = None,
+    lifetime_stagger: float | None = None,
+    resource: str | None = DEFAULT_RESOURCE,
+) -> JobPlan:
+    """Work out the jobs that hold ``n_envs`` envs.
+
+    Parameters
+    ----------
+    n_envs : int
+        Number of environments.
+    envs_per_worker : int
+        Envs per worker process. Envs on one process step one after another, so use
+        more than 1 when a single env step is cheap compared with a network round trip.
+    processes_per_job : int
+        Worker processes per job (one per core is the usual choice).
+    threads_per_process : int
+        Threads per worker process; 1 is enough for envs.
+    memory_per_worker : str or int
+        Memory for one worker process, e.g. ``"2GiB"``.
+    walltime : str or float, optional
+        The jobs' walltime (see :func:`parse_walltime`); when given, workers get a
+        ``--lifetime`` so that they leave, and their envs move, before the batch
+        system kills them.
+    system : str
+        dask-jobqueue config name of the batch system (``"slurm"``, ``"pbs"``, ``"lsf"``, ...).
+    lifetime_margin : float, optional
+        Seconds before the walltime by which every worker has left. Default:
+        10% of the walltime, at most 5 minutes.
+    lifetime_stagger : float, optional
+        Spread of the workers' lifetimes (``--lifetime-stagger``), so that the workers
+        of one batch leave at different times. Default: 5% of the walltime, at most 3 minutes.
+    resource : str or None
+        Name of the worker resource that marks env workers (``--resources
+        NAME=envs_per_worker``); ``None`` adds none.
+
+    Returns
+    -------
+    JobPlan
+
+    Raises
+    ------
+    ValueError
+        For non-positive counts, or a walltime shorter than the margin.
+
+    Examples
+    --------
+    >>> plan = plan_jobs(64, envs_per_worker=4, processes_per_job=8)
+    >>> plan.workers, plan.jobs, plan.cores_per_job
+    (16, 2, 8)
+    """
+    for name, value in (
+        ("n_envs", n_envs),
+        ("envs_per_worker", envs_per_worker),
+        ("processes_per_job", processes_per_job),
+        ("threads_per_process", threads_per_process),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, not {value!r}")
+    mem = parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str) else int(memory_per_worker)
+    if mem <= 0:
+        raise ValueError(f"memory_per_worker must be positive, not {memory_per_worker!r}")
+    workers = math.ceil(n_envs / envs_per_worker)
+    jobs = math.ceil(workers / processes_per_job)
+    walltime_s = lifetime_s = None
+    stagger = 0.0
+    if walltime is not None:
+        walltime_s = parse_walltime(walltime, system)
+        margin = min(300.0, 0.10 * walltime_s) if lifetime_margin is None else float(lifetime_margin)
+        stagger = min(180.0, 0.05 * walltime_s) if lifetime_stagger is None else float(lifetime_stagger)
+        lifetime_s = walltime_s - margin - stagger
+        if margin < 0 or stagger < 0 or lifetime_s - stagger <= 0:
+            raise ValueError(
+                f"walltime {walltime!r} ({walltime_s:.0f}s) leaves no lifetime after a margin of "
+                f"{margin:.0f}s and a stagger of {stagger:.0f}s; ask for a longer walltime"
+            )
+    return JobPlan(
+        n_envs=n_envs,
+        envs_per_worker=envs_per_worker,
+        processes_per_job=processes_per_job,
+        threads_per_process=threads_per_process,
+        cores_per_job=processes_per_job * threads_per_process,
+        memory_per_job=format_bytes(mem * processes_per_job).replace(" ", ""),
+        workers=workers,
+        jobs=jobs,
+        walltime_s=walltime_s,
+        lifetime_s=lifetime_s,
+        stagger_s=stagger,
+        resources={resource: float(envs_per_worker)} if resource else {},
+    )
+
+
+def _has_option(args: list[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in args)
+
+
+def cluster_for_envs(
+    cluster_cls: Any,
+    n_envs: int,
+    *,
+    envs_per_worker: int = 1,
+    processes_per_job: int = 1,
+    threads_per_process: int = 1,
+    memory_per_worker: str | int = "1GiB",
+    lifetime_margin: float | None = None,
+    lifetime_stagger: float | None = None,
+    resource: str | None = DEFAULT_RESOURCE,
+    scaling: str = "adapt",
+    spare_jobs: int = 0,
+    wait: float | None = None,
+    **cluster_kwargs: Any,
+) -> tuple[Any, JobPlan]:
+    """Create a dask-jobqueue cluster sized for ``n_envs`` envs, and scale it.
+
+    Parameters
+    ----------
+    cluster_cls : type
+        A dask-jobqueue cluster class: ``SLURMCluster``, ``PBSCluster``,
+        ``SGECluster``, ``LSFCluster``, ``OARCluster``, ``MoabCluster``, ``HTCondorCluster``.
+    n_envs : int
+        Number of environments the cluster must hold.
+    envs_per_worker, processes_per_job, threads_per_process, memory_per_worker : optional
+        See :func:`plan_jobs`.
+    lifetime_margin, lifetime_stagger, resource : optional
+        See :func:`plan_jobs`. The walltime is read from ``walltime=`` in
+        ``cluster_kwargs``, else from dask-jobqueue's configuration.
+    scaling : {"adapt", "fixed", "none"}
+        ``"adapt"`` (default): ``cluster.adapt(minimum_jobs=jobs, maximum_jobs=jobs +
+        spare_jobs)``, so that jobs that end (walltime, ``scancel``, node failure)
+        are replaced by new ones. ``"fixed"``: ``cluster.scale(jobs=jobs)``, jobs
+        that end are not replaced. ``"none"``: submit nothing (e.g. to inspect
+        ``cluster.job_script()`` first, then call :func:`scale_for_envs`).
+    spare_jobs : int
+        Extra jobs the adaptive cluster may hold (e.g. to let replacements start
+        before expiring workers leave).
+    wait : float, optional
+        Block until all planned workers have joined, at most this many seconds.
+    **cluster_kwargs
+        Passed to ``cluster_cls`` (``queue``, ``account``, ``walltime``,
+        ``scheduler_options``, ``log_directory``, ``job_extra_directives``, ...).
+        ``cores``, ``processes`` and ``memory`` come from the plan; your
+        ``worker_extra_args`` are kept and the plan's added (an explicit
+        ``--lifetime`` or ``--resources`` of yours wins).
+
+    Returns
+    -------
+    cluster : JobQueueCluster
+        The cluster, scaled; pass it (or a ``Client`` on it) to ``DaskVecEnv``.
+    plan : JobPlan
+        The plan; ``plan.vec_env_kwargs()`` gives the matching ``DaskVecEnv`` options.
+
+    Raises
+    ------
+    TypeError
+        If ``cores``, ``processes`` or ``memory`` are given (they come from the plan).
+    TimeoutError
+        If ``wait`` is given and the workers did not all join in time (the cluster
+        is closed first).
+    """
+    clash = sorted({"cores", "processes", "memory"} & set(cluster_kwargs))
+    if clash:
+        raise TypeError(
+            f"cluster_for_envs sets {', '.join(clash)} from the plan; use envs_per_worker, "
+            "processes_per_job, threads_per_process and memory_per_worker instead"
+        )
+    system = _config_name(cluster_cls, cluster_kwargs)
+    walltime = cluster_kwargs.get("walltime")
+    if walltime is None:
+        import dask
+
+        walltime = dask.config.get(f"jobqueue.{system}.walltime", None)
+    plan = plan_jobs(
+        n_envs,
+        envs_per_worker=envs_per_worker,
+        processes_per_job=processes_per_job,
+        threads_per_process=threads_per_process,
+        memory_per_worker=memory_per_worker,
+        walltime=walltime,
+        system=system,
+        lifetime_margin=lifetime_margin,
+        lifetime_stagger=lifetime_stagger,
+        resource=resource,
+    )
+    user_args = [str(a) for a in cluster_kwargs.pop("worker_extra_args", None) or []]
+    ours = plan.worker_extra_args()
+    merged = list(user_args)
+    for opt, value in zip(ours[::2], ours[1::2], strict=True):
+        explicit_lifetime = opt == "--lifetime-stagger" and _has_option(user_args, "--lifetime")
+        if not _has_option(user_args, opt) and not explicit_lifetime:
+            merged += [opt, value]
+    kwargs = {**plan.cluster_kwargs(), "worker_extra_args": merged, **cluster_kwargs}
+    if scaling not in _SCALINGS:
+        raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
+    cluster = cluster_cls(**kwargs)
+    try:
+        if scaling != "none":
+            scale_for_envs(cluster, plan, scaling=scaling, spare_jobs=spare_jobs, wait=wait)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.close()
+        raise
+    logger.info(
+        "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
+        type(cluster).__name__, n_envs, plan.jobs, plan.processes_per_job, plan.cores_per_job, plan.memory_per_job,
+        f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
+    )
+    return cluster, plan
+
+
+def _processes_per_job(cluster: Any) -> int:
+    job = getattr(cluster, "_dummy_job", None)
+    n = getattr(job, "worker_processes", None)
+    if n:
+        return int(n)
+    group = (getattr(cluster, "new_spec", None) or {}).get("group")
+    return len(group) if group else 1
+
+
+def scale_for_envs(
+    cluster: Any,
+    n_envs: int | JobPlan,
+    *,
+    envs_per_worker: int = 1,
+    scaling: str = "adapt",
+    spare_jobs: int = 0,
+    wait: float | None = None,
+) -> int:
+    """Scale an existing dask-jobqueue cluster so that it holds ``n_envs`` envs.
+
+    Parameters
+    ----------
+    cluster : JobQueueCluster
+        A cluster created by you (its ``processes`` per job is read from it).
+    n_envs : int or JobPlan
+        Number of envs, or a plan from :func:`plan_jobs`.
+    envs_per_worker : int
+        Envs per worker process (ignored when a plan is given).
+    scaling : {"adapt", "fixed"}
+        Adaptive (replaces jobs that end) or a fixed ``scale(jobs=...)``.
+    spare_jobs : int
+        Extra jobs an adaptive cluster may hold.
+    wait : float, optional
+        Block until all the workers have joined, at most this many seconds.
+
+    Returns
+    -------
+    int
+        The number of jobs asked for.
+
+    Raises
+    ------
+    TimeoutError
+        If ``wait`` is given and the workers did not all join in time.
+    """
+    if scaling not in ("adapt", "fixed"):
+        raise ValueError(f"scaling must be 'adapt' or 'fixed', not {scaling!r}")
+    if not isinstance(spare_jobs, int) or spare_jobs < 0:
+        raise ValueError(f"spare_jobs must be an int >= 0, not {spare_jobs!r}")
+    per_job = _processes_per_job(cluster)
+    if isinstance(n_envs, JobPlan):
+        if n_envs.processes_per_job != per_job:
+            raise ValueError(
+                f"the plan has {n_envs.processes_per_job} worker processes per job but the cluster "
+                f"starts {per_job}; make the plan with processes_per_job={per_job}"
+            )
+        jobs = n_envs.jobs
+    else:
+        jobs = plan_jobs(n_envs, envs_per_worker=envs_per_worker, processes_per_job=per_job, resource=None).jobs
+    if scaling == "adapt":
+        # one-second checks: a job that ended is noticed and replaced quickly
+        cluster.adapt(minimum_jobs=jobs, maximum_jobs=jobs + spare_jobs, interval="1s", wait_count=3)
+    else:
+        cluster.scale(jobs=jobs)
+    if wait is not None:
+        _wait_for_workers(cluster, jobs * per_job, wait)
+    return jobs
+
+
+def _wait_for_workers(cluster: Any, n: int, timeout: float) -> None:
+    from distributed import Client
+
+    with Client(cluster, set_as_default=False) as client:
+        client.wait_for_workers(n, timeout=timeout)
