@@ -59,6 +59,9 @@ class WorkerLostError(DaskVecEnvError):
         self.env_indices = env_indices
         self.worker = worker
 
+    def __reduce__(self) -> tuple[type, tuple[str, list[int], str]]:
+        return (type(self), (str(self), self.env_indices, self.worker))
+
 
 class StepTimeoutError(WorkerLostError):
     """A call to some environments did not come back within the timeout.
@@ -85,6 +88,9 @@ class EnvRestartBudgetExceeded(DaskVecEnvError):
         super().__init__(message)
         self.env_index = env_index
         self.restarts = restarts
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:  # raised on workers, sent to the client
+        return (type(self), (str(self), self.env_index, self.restarts))
 
 
 class RemoteEnvError(DaskVecEnvError):

@@ -35,6 +35,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 from stable_baselines3.common.vec_env.util import dict_to_obs, obs_space_info
 
 from daskvec import cluster as _cluster
+from daskvec import recovery
 from daskvec.errors import (
     AlreadySteppingError,
     ClosedEnvError,
@@ -80,6 +81,10 @@ class _Group:
             self.index = slice(idx[0], idx[0] + len(idx))
         else:
             self.index = np.asarray(idx, dtype=np.intp)
+
+
+#: Groups to tear down, and the (env indices, worker) groups that replace them.
+_Moves = tuple[list[_Group], list[tuple[list[int], str]]]
 
 
 def _raise_remote(payload: dict[str, Any]) -> None:
@@ -262,6 +267,12 @@ class DaskVecEnv(VecEnv):
         self._last_stats = time.monotonic()
         self._last_rebalance_check = time.monotonic()
         self._factory_blobs: dict[int, bytes] = {}
+        # fault tolerance (see the "fault tolerance" section)
+        self._broken: BaseException | None = None
+        self._worker_deadlines: dict[str, float | None] = {}
+        self._pending_moves: _Moves | None = None
+        self._pending_reports: dict[int, tuple[dict[str, Any], Any]] = {}
+        self._next_migrate_check = 0.0
 
         self._resolved = _cluster.resolve_client(client, connect_timeout=min(self.timeout, 30.0), cluster_kwargs=cluster_kwargs)
         self.client = self._resolved.client
@@ -338,6 +349,11 @@ class DaskVecEnv(VecEnv):
     def _check_open(self) -> None:
         if self.closed:
             raise ClosedEnvError("this DaskVecEnv is closed; create a new one")
+        if self._broken is not None:
+            raise DaskVecEnvError(
+                f"this DaskVecEnv lost envs earlier ({type(self._broken).__name__}: {self._broken}); "
+                "close it and create a new one, or use on_worker_lost='restart'"
+            )
 
     def _check_idle(self) -> None:
         self._check_open()
@@ -409,7 +425,7 @@ class DaskVecEnv(VecEnv):
                 for indices, worker, token, key, fut in attempt:
                     remaining = max(deadline - time.monotonic(), 1.0)
                     try:
-                        actor = fut.result(timeout=min(self.timeout, remaining))
+                        actor = self._await_actor(fut, worker, min(self.timeout, remaining))
                         desc = actor.describe().result(timeout=min(self.timeout, remaining))
                     except Exception as e:
                         if not _is_placement_failure(e):
@@ -425,6 +441,7 @@ class DaskVecEnv(VecEnv):
                         continue
                     channel = self._connect(actor, desc, token)
                     g = _Group(key, list(indices), desc["worker"], fut, actor, channel, desc.get("deadline"))
+                    self._worker_deadlines[desc["worker"]] = desc.get("deadline")
                     self._describe[key] = desc
                     created.append(g)
                 if retry:
@@ -443,6 +460,23 @@ class DaskVecEnv(VecEnv):
             self._teardown_groups(created, graceful=False)
             raise
         return created
+
+    def _await_actor(self, fut: Any, worker: str, timeout: float) -> Any:
+        """Wait for an actor to be created on ``worker``, giving up early if the worker leaves.
+
+        A task pinned to a worker that dies stays pending forever; checking once a
+        second that the worker is still known to the scheduler turns that into an
+        ``OSError`` (a placement failure, so the group is tried elsewhere).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return fut.result(timeout=max(min(1.0, deadline - time.monotonic()), 0.01))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            if worker not in self.client.scheduler_info(n_workers=-1).get("workers", {}):
+                raise OSError(f"worker {worker} left before the env group was created on it")
 
     def _connect(self, actor: Any, desc: dict[str, Any], token: bytes | None) -> Channel:
         if self.transport == "actor" or token is None or desc.get("address") is None:
@@ -632,6 +666,9 @@ class DaskVecEnv(VecEnv):
     def reset(self) -> VecEnvObs:
         """Reset all environments, applying pending seeds and options once (see base class)."""
         self._check_idle()
+        if self._pending_moves is not None:
+            self._maybe_migrate(during="reset")
+        self._pending_reports = {}
         seeds, options = list(self._seeds), list(self._options)
         for i, s in enumerate(seeds):
             if s is not None:
@@ -714,6 +751,8 @@ class DaskVecEnv(VecEnv):
                 self.reset_infos[g.env_indices[pos]] = info
             self._sync_error_restarts(g, value["restarts"])
             env_seconds = max(env_seconds, value["env_seconds"])
+        if self._pending_reports:
+            self._report_pending()
         self.timer.received(env_seconds)
         self._steps += 1
         if error is not None:
@@ -735,7 +774,12 @@ class DaskVecEnv(VecEnv):
 
     # ------------------------------------------------------------------ fault tolerance
     def _handle_lost(self, lost: list[_Group], results: dict[str, Any], during: str) -> None:
-        """Rebuild the envs of ``lost`` groups elsewhere and report them as truncated."""
+        """Rebuild the envs of ``lost`` groups elsewhere and report them as truncated.
+
+        With ``on_worker_lost="raise"`` the groups are torn down and
+        :class:`~daskvec.errors.WorkerLostError` (or :class:`~daskvec.errors.StepTimeoutError`
+        for a hang) is raised instead; the vec env is then unusable and must be closed.
+        """
         reasons = {}
         for g in lost:
             exc = results.get(g.gid)
@@ -743,65 +787,95 @@ class DaskVecEnv(VecEnv):
         if self.on_worker_lost == "raise":
             g = lost[0]
             exc = results.get(g.gid)
-            indices = [i for x in lost for i in x.env_indices]
+            indices = sorted(i for x in lost for i in x.env_indices)
             self._teardown_groups(lost, graceful=False)
             self._groups = [x for x in self._groups if x not in lost]
             cls = StepTimeoutError if reasons[g.gid] == "timeout" else WorkerLostError
             what = (f"did not answer within {self.step_timeout if during == 'step' else self.timeout:.1f}s"
                     if cls is StepTimeoutError else f"was lost ({exc})")
-            raise cls(f"the worker {g.worker} holding envs {indices} {what}", env_indices=indices, worker=g.worker) from (
-                exc if isinstance(exc, BaseException) else None)
+            err = cls(f"the worker {g.worker} holding envs {indices} {what}", env_indices=indices, worker=g.worker)
+            self._broken = err
+            raise err from (exc if isinstance(exc, BaseException) else None)
         for g in lost:
             logger.warning("envs %s on worker %s %s (%s); rebuilding them", g.env_indices, g.worker,
                            "timed out" if reasons[g.gid] == "timeout" else "were lost", results.get(g.gid))
-        self._relocate(lost, {g.gid: reasons[g.gid] for g in lost}, stepped=None, during=during)
+        self._relocate(lost, {g.gid: reasons[g.gid] for g in lost}, during=during)
 
-    def _relocate(self, old: list[_Group], reasons: dict[str, str], stepped: dict[str, Any] | None, during: str,
+    def _relocate(self, old: list[_Group], reasons: dict[str, str], during: str,
                   layout: list[tuple[list[int], str]] | None = None) -> None:
-        """Replace ``old`` groups by new ones holding the same envs, and report truncations.
+        """Replace the ``old`` groups by new ones holding the same envs, and report it.
 
-        ``stepped`` holds, for groups that did step this time (migration/rebalance),
-        nothing extra: their results are already in the buffers.
+        Each rebuilt env is reset with :func:`~daskvec.worker.restart_seed` and, when
+        ``during == "step"``, its entry in the step's buffers becomes a truncation:
+        ``done=True``, ``info["TimeLimit.truncated"]=True``, the last observation in
+        ``info["terminal_observation"]``, the fresh observation in the obs buffer and a
+        ``info["daskvec"]`` marker. Lost and hung envs get reward 0 (their step never
+        happened); moved envs keep the reward and info of the step they just made.
+
+        Parameters
+        ----------
+        old : list of _Group
+            Groups to tear down (gracefully when all of them are being moved).
+        reasons : dict
+            ``"worker_lost"``, ``"timeout"`` or ``"moved"`` per group id.
+        during : {"step", "reset", "call"}
+            What the vec env was doing; only ``"step"`` writes truncations.
+        layout : list of (env indices, worker), optional
+            Where the envs go (must hold exactly the envs of ``old``); by default the
+            old groups are placed again on the least-loaded live workers.
         """
-        lost_workers = {g.worker for g in old if reasons[g.gid] != "moved"}
-        timed_out = {g.worker for g in old if reasons[g.gid] == "timeout"}
-        terminal = {i: self._obs_row(i) for g in old for i in g.env_indices} if self._has_obs else {}
-        was_done = {i: bool(self.buf_dones[i]) for g in old for i in g.env_indices}
-        self._teardown_groups(old, graceful=all(reasons[g.gid] == "moved" for g in old))
-        self._groups = [g for g in self._groups if g not in old]
-        if layout is None:
-            exclude = sorted(lost_workers | {g.worker for g in old if reasons[g.gid] == "moved"})
-            try:
-                candidates = self._wait_for_workers(exclude=exclude)
-            except WorkerLostError:
-                if not timed_out:
-                    raise
-                candidates = self._wait_for_workers(exclude=sorted(lost_workers - timed_out))
-            env_groups = [list(g.env_indices) for g in old]
-            layout = list(zip(env_groups, _cluster.assign_workers(env_groups, candidates, self._load()), strict=True))
         reason_of = {i: reasons[g.gid] for g in old for i in g.env_indices}
         worker_of = {i: g.worker for g in old for i in g.env_indices}
-        for indices, _ in layout:
-            for i in indices:
-                self.restart_counts[i] += 1
-        new = self._spawn(layout, exclude=sorted(lost_workers))
-        self._groups.extend(new)
+        lost_workers = {g.worker for g in old if reasons[g.gid] != "moved"}
+        timed_out = {g.worker for g in old if reasons[g.gid] == "timeout"}
+        terminal = {i: self._obs_row(i) for i in reason_of} if self._has_obs else {}
+        was_done = {i: bool(self.buf_dones[i]) for i in reason_of}
+        self._teardown_groups(old, graceful=all(reasons[g.gid] == "moved" for g in old))
+        self._groups = [g for g in self._groups if g not in old]
+        if layout is not None and sorted(i for ind, _ in layout for i in ind) != sorted(reason_of):
+            raise RuntimeError(f"daskvec internal error: relocating envs {sorted(reason_of)} with layout {layout}")
+        if layout is None:
+            env_groups = [list(g.env_indices) for g in old]
+            layout = self._place(env_groups, avoid=lost_workers, fallback=lost_workers - timed_out)
+        for i in reason_of:
+            self.restart_counts[i] += 1
+        seeds = {i: restart_seed(i, int(self.restart_counts[i]), self._base_seeds[i]) for i in reason_of}
+        new: list[_Group] = []
+        bad = set(lost_workers)
+        for attempt in range(4):
+            spawned = self._spawn(layout, exclude=sorted(bad))
+            self._groups.extend(spawned)
+            requests: dict[str, tuple[str, tuple[Any, ...]]] = {
+                g.gid: ("reset", ([seeds[i] for i in g.env_indices], [{} for _ in g.env_indices])) for g in spawned}
+            replies = self._call_groups(requests, self.timeout)
+            failed = [g for g in spawned if isinstance(replies[g.gid], BaseException)]
+            for g in spawned:
+                if g in failed:
+                    continue
+                new.append(g)
+                value = _unwrap(replies[g.gid])
+                self._write_obs(g, value["obs"])
+                for pos, i in enumerate(g.env_indices):
+                    self.reset_infos[i] = dict(value["reset_infos"][pos])
+            if not failed:
+                break
+            # the worker died again while the envs were being rebuilt: place them once more
+            logger.warning("envs %s were lost again while being rebuilt on %s (%s); retrying",
+                           [i for g in failed for i in g.env_indices], sorted({g.worker for g in failed}),
+                           [replies[g.gid] for g in failed])
+            self._teardown_groups(failed, graceful=False)
+            self._groups = [g for g in self._groups if g not in failed]
+            bad |= {g.worker for g in failed}
+            if attempt == 3:
+                indices = sorted(i for g in failed for i in g.env_indices)
+                err = WorkerLostError(f"the envs {indices} were lost again each time they were rebuilt",
+                                      env_indices=indices, worker=failed[0].worker)
+                self._broken = err
+                raise err
+            layout = self._place([list(g.env_indices) for g in failed], avoid=bad, fallback=set())
         self._groups.sort(key=lambda g: g.env_indices[0])
-        # reset the rebuilt envs with seeds derived from index and restart count
-        seeds = {i: restart_seed(i, int(self.restart_counts[i]), self._base_seeds[i]) for g in new for i in g.env_indices}
-        requests = {
-            g.gid: ("reset", ([seeds[i] for i in g.env_indices], [{} for _ in g.env_indices])) for g in new
-        }
-        replies = self._call_groups(requests, self.timeout)
         for g in new:
-            rep = replies[g.gid]
-            if isinstance(rep, BaseException):
-                raise WorkerLostError(
-                    f"the envs {g.env_indices} were rebuilt on {g.worker}, which was lost again ({rep})",
-                    env_indices=g.env_indices, worker=g.worker) from rep
-            value = _unwrap(rep)
-            self._write_obs(g, value["obs"])
-            for pos, i in enumerate(g.env_indices):
+            for i in g.env_indices:
                 marker = {
                     "restarted": True,
                     "reason": reason_of[i],
@@ -810,11 +884,12 @@ class DaskVecEnv(VecEnv):
                     "restarts": int(self.restart_counts[i]),
                     "seed": seeds[i],
                 }
-                reset_info = dict(value["reset_infos"][pos])
-                reset_info[INFO_KEY] = marker
-                self.reset_infos[i] = reset_info
+                self.reset_infos[i][INFO_KEY] = marker
                 self.restart_log.append({"env": i, "reason": reason_of[i], "worker": g.worker,
                                          "from_worker": worker_of[i], "step": self._steps})
+                if during == "call" and i in terminal:
+                    # lost during get_attr/env_method: the learner sees the truncation at the next step
+                    self._pending_reports[i] = (marker, terminal[i])
                 if during != "step":
                     continue
                 if reason_of[i] == "moved":
@@ -830,77 +905,112 @@ class DaskVecEnv(VecEnv):
                     self.buf_rews[i] = 0.0
                     self.buf_infos[i] = info
                 self.buf_dones[i] = True
-        logger.info("rebuilt envs %s on %s", [i for g in new for i in g.env_indices], sorted({g.worker for g in new}))
+        logger.info("rebuilt envs %s on %s", sorted(reason_of), sorted({g.worker for g in new}))
 
-    def _maybe_migrate(self) -> None:
+    def _report_pending(self) -> None:
+        """Report, in the step just collected, envs rebuilt outside a step (e.g. during ``env_method``).
+
+        The learner last saw the old env's observation; this step's result comes from
+        the rebuilt env, so it is reported as the end of the old episode.
+        """
+        for i, (marker, terminal) in self._pending_reports.items():
+            self.buf_infos[i] = {"TimeLimit.truncated": True, "terminal_observation": terminal, INFO_KEY: marker}
+            self.buf_rews[i] = 0.0
+            self.buf_dones[i] = True
+        self._pending_reports = {}
+
+    def _place(self, env_groups: list[list[int]], avoid: set[str], fallback: set[str]) -> list[tuple[list[int], str]]:
+        """Choose live workers for ``env_groups``, avoiding ``avoid`` (workers that failed).
+
+        Workers about to leave are avoided too when others exist. If only workers in
+        ``fallback`` (e.g. a worker that merely hung) are left, they are used.
+        """
         now = time.time()
-        moving = [g for g in self._groups if g.move_reason is not None]
-        for g in self._groups:
-            if g.move_reason is None and g.deadline is not None and g.deadline - now < self.migrate_before:
-                g.move_reason = "walltime"
-                moving.append(g)
+        try:
+            candidates = self._wait_for_workers(exclude=sorted(avoid))
+        except WorkerLostError:
+            if not fallback:
+                raise
+            candidates = self._wait_for_workers(exclude=sorted(avoid - fallback))
+        staying = [w for w in candidates if not self._leaving(w, now)]
+        candidates = staying or candidates
+        load = {w: k for w, k in self._load().items() if w in candidates}
+        return list(zip(env_groups, _cluster.assign_workers(env_groups, candidates, load), strict=True))
+
+    def _leaving(self, worker: str, now: float) -> bool:
+        """Whether ``worker`` is expected to leave (lifetime, walltime) within ``migrate_before``."""
+        deadline = self._worker_deadlines.get(worker)
+        return deadline is not None and deadline - now < self.migrate_before
+
+    def _maybe_migrate(self, during: str = "step") -> None:
+        """Carry out pending moves: a planned rebalance, or groups near their worker's end."""
+        now = time.time()
         if self.auto_rebalance and time.monotonic() - self._last_rebalance_check > self.rebalance_interval:
             self._last_rebalance_check = time.monotonic()
             self._plan_rebalance()
-            moving = [g for g in self._groups if g.move_reason is not None]
-        if not moving:
+        moves = self._pending_moves
+        if moves is not None and any(g not in self._groups for g in moves[0]):
+            moves = None  # groups changed since the plan was made (e.g. a worker was lost): replan later
+        if moves is None and time.monotonic() >= self._next_migrate_check:
+            leaving = [g for g in self._groups if self._leaving(g.worker, now)]
+            if leaving:
+                moves = self._plan_migration(leaving, now)
+        self._pending_moves = None
+        if moves is None:
             return
-        layout = getattr(self, "_pending_layout", None)
-        self._pending_layout = None
-        if layout is None:
-            soon = {g.worker for g in self._groups if g.deadline is not None and g.deadline - now < self.migrate_before}
-            candidates = [w for w in self._wait_for_workers(exclude=sorted(soon))]
-            env_groups = [list(g.env_indices) for g in moving]
-            layout = list(zip(env_groups, _cluster.assign_workers(env_groups, candidates, self._load()), strict=True))
-        logger.info("moving envs %s off %s", [i for g in moving for i in g.env_indices], sorted({g.worker for g in moving}))
-        self._relocate(moving, {g.gid: "moved" for g in moving}, stepped=None, during="step", layout=layout)
+        old, layout = moves
+        logger.info("moving envs %s off %s", sorted(i for g in old for i in g.env_indices),
+                    sorted({g.worker for g in old}))
+        self._relocate(old, {g.gid: "moved" for g in old}, during=during, layout=layout)
 
-    def _plan_rebalance(self) -> bool:
-        workers_now = self._eligible()
+    def _plan_migration(self, leaving: list[_Group], now: float) -> _Moves | None:
+        """Where to move groups whose worker leaves soon; ``None`` if no worker can take them yet."""
+        staying = [w for w in self._eligible() if not self._leaving(w, now)]
+        if not staying:
+            self._next_migrate_check = time.monotonic() + 5.0
+            logger.warning("envs %s are on workers that leave within %.0fs, and no other worker can take them yet",
+                           sorted(i for g in leaving for i in g.env_indices), self.migrate_before)
+            return None
+        env_groups = [list(g.env_indices) for g in leaving]
+        load = {w: k for w, k in self._load().items() if w in staying}
+        return leaving, list(zip(env_groups, _cluster.assign_workers(env_groups, staying, load), strict=True))
+
+    def _plan_rebalance(self) -> int:
+        """Plan the moves that even out envs over the eligible workers (see :meth:`rebalance`)."""
         now = time.time()
-        workers_now = [w for w in workers_now if not any(
-            g.worker == w and g.deadline is not None and g.deadline - now < self.migrate_before for g in self._groups)]
-        if not workers_now:
-            return False
-        load = {w: 0 for w in workers_now}
-        for w, k in self._load().items():
-            load[w] = load.get(w, 0) + k
-        ideal = self.num_envs / len(workers_now)
-        busiest = max(load, key=lambda w: load[w])
-        idlest = min(workers_now, key=lambda w: load[w])
-        if load[busiest] - load[idlest] <= 1 or load[busiest] <= np.ceil(ideal):
-            return False
-        # move whole groups from over-full workers, splitting a group when needed
-        groups = sorted((g for g in self._groups if g.worker == busiest), key=lambda g: len(g.env_indices))
-        g = groups[0]
-        excess = int(load[busiest] - np.ceil(ideal))
-        if len(groups) > 1 and len(g.env_indices) <= excess + (load[busiest] - load[idlest]) // 2:
-            g.move_reason = "moved"
-            self._pending_layout = [(list(g.env_indices), idlest)]
-            return True
-        g = groups[-1]
-        k = max(1, min(len(g.env_indices) - 1, (load[busiest] - load[idlest]) // 2))
-        keep, move = g.env_indices[:-k], g.env_indices[-k:]
-        g.move_reason = "moved"
-        self._pending_layout = [(list(keep), busiest), (list(move), idlest)] if keep else [(list(move), idlest)]
-        return True
+        workers = [w for w in self._eligible() if not self._leaving(w, now)]
+        groups = list(self._groups)
+        plan = recovery.plan_rebalance([(g.env_indices, g.worker) for g in groups], workers, self.envs_per_actor)
+        if not plan:
+            self._pending_moves = None
+            return 0
+        self._pending_moves = ([groups[p] for p in plan.old], plan.layout)
+        return plan.moved_envs
 
-    def rebalance(self) -> bool:
+    def rebalance(self) -> int:
         """Spread the envs evenly over the eligible workers, e.g. after workers joined.
 
-        Moves happen at the next ``step_wait()``: each moved env then reports a
-        truncation (``done=True``, ``info["TimeLimit.truncated"]=True``, the last
-        observation in ``info["terminal_observation"]`` and ``info["daskvec"]``
-        saying it was moved). One call plans one move; call it until it returns
-        ``False`` to reach balance, stepping in between.
+        The moves are planned now and carried out at the end of the next
+        ``step_wait()``: each rebuilt env then reports a truncation (``done=True``,
+        ``info["TimeLimit.truncated"]=True``, the observation it reached in
+        ``info["terminal_observation"]``, its reward kept, and ``info["daskvec"]``
+        with ``reason="moved"``), and the returned observation is the first of a
+        new episode. Whole groups move when they can; when a group must be split,
+        its remaining envs are rebuilt in place and report the same truncation.
+        Before the first ``reset()``, or at ``reset()``, the moves happen at once.
+        Calling it again replaces the previous plan. ``auto_rebalance=True`` does
+        this every ``rebalance_interval`` seconds.
 
         Returns
         -------
-        bool
-            Whether a move was planned.
+        int
+            How many envs will be rebuilt (0 when the envs are already balanced).
         """
         self._check_idle()
-        return self._plan_rebalance()
+        moved = self._plan_rebalance()
+        if moved and not self._has_obs:
+            self._maybe_migrate(during="reset")
+        return moved
 
     # ------------------------------------------------------------------ stats
     def _maybe_publish(self) -> None:

@@ -1,0 +1,430 @@
+"""Fault tolerance with real faults: killed workers, crashing and frozen envs, scale-down.
+
+Every test counts the restart markers (``info["daskvec"]``) the learner actually saw
+and checks them against ``env.restart_log`` / ``env.restart_counts``, and checks that
+the groups still hold every env index exactly once: a lost, duplicated or
+double-reported env fails the test.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import DaskProcesses, start_dask_processes
+from envs import CountingEnv
+
+from daskvec import DaskVecEnv
+from daskvec.errors import DaskVecEnvError, EnvRestartBudgetExceeded, StepTimeoutError
+from daskvec.worker import INFO_KEY, restart_seed
+
+
+# --------------------------------------------------------------------------- helpers
+def cartpole() -> gym.Env[Any, Any]:
+    return gym.make("CartPole-v1")
+
+
+class FreezingEnv(CountingEnv):
+    """A CountingEnv that, once per test, sleeps for an hour inside ``step``.
+
+    The first instance to reach step ``freeze_at`` creates ``flag`` and freezes; the
+    rebuilt env sees the flag and steps normally.
+    """
+
+    def __init__(self, flag: str, freeze_at: int = 3) -> None:
+        super().__init__(horizon=1000)
+        self.flag = flag
+        self.freeze_at = freeze_at
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.total_steps + 1 == self.freeze_at and not os.path.exists(self.flag):
+            Path(self.flag).touch()
+            time.sleep(3600)
+        return super().step(action)
+
+
+def assert_layout_intact(env: DaskVecEnv) -> None:
+    """Every env index is held by exactly one group, on a distinct live group."""
+    held = Counter(i for g in env.groups for i in g["envs"])
+    assert sorted(held) == list(range(env.num_envs)), f"envs lost: {sorted(set(range(env.num_envs)) - set(held))}"
+    assert all(c == 1 for c in held.values()), f"envs duplicated: {held}"
+
+
+def markers(infos: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The daskvec restart markers in one step's infos, by env index."""
+    return {i: info[INFO_KEY] for i, info in enumerate(infos) if INFO_KEY in info}
+
+
+def group_pids(env: DaskVecEnv) -> dict[int, list[int]]:
+    """Process id of the worker holding each group -> env indices held there."""
+    out: dict[int, list[int]] = {}
+    for g in env._groups:
+        out.setdefault(env._describe[g.gid]["pid"], []).extend(g.env_indices)
+    return out
+
+
+def process_of(procs: Any, pid: int) -> Any:
+    (p,) = [p for p in procs.workers if p.pid == pid]
+    return p
+
+
+def live_workers(procs: DaskProcesses) -> list[Any]:
+    return [p for p in procs.workers if p.poll() is None]
+
+
+def ensure_workers(procs: DaskProcesses, n: int) -> None:
+    """Bring the module's cluster back to exactly ``n`` live worker processes."""
+    from distributed import Client
+
+    alive = live_workers(procs)
+    for p in alive[n:]:
+        procs.kill_worker(p)
+    for _ in range(n - len(alive)):
+        procs.add_worker()
+    with Client(procs.address, timeout=60, set_as_default=False) as c:
+        deadline = time.monotonic() + 60
+        while len(c.scheduler_info(n_workers=-1)["workers"]) != n:
+            assert time.monotonic() < deadline, "the scheduler did not settle on the expected workers"
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskProcesses]:
+    """A ``dask scheduler`` and ``dask worker`` processes shared by this module's tests.
+
+    Each test starts with :func:`ensure_workers`: workers killed by one test are
+    replaced for the next.
+    """
+    p = start_dask_processes(3, tmp_path_factory.mktemp("faults"))
+    yield p
+    p.stop()
+
+
+# --------------------------------------------------------------------------- lost worker
+@pytest.mark.timeout(240)
+def test_sigkill_worker_during_ppo_learn(procs: DaskProcesses) -> None:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    ensure_workers(procs, 3)
+    env = DaskVecEnv([cartpole] * 6, client=procs.address, timeout=60, worker_wait_timeout=60)
+    assert len({g["worker"] for g in env.groups}) == 3
+
+    class KillAndCount(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: Counter[int] = Counter()
+            self.killed: list[int] = []
+            self.marker_steps: list[int] = []
+
+        def _on_step(self) -> bool:
+            infos, dones = self.locals["infos"], self.locals["dones"]
+            for i, m in markers(infos).items():
+                self.seen[i] += 1
+                self.marker_steps.append(self.num_timesteps)
+                assert dones[i], "a restarted env must report done"
+                assert infos[i]["TimeLimit.truncated"] is True
+                assert infos[i]["terminal_observation"].shape == (4,)
+                assert m["restarted"] is True and m["reason"] == "worker_lost"
+                assert m["seed"] == restart_seed(i, 1, i)  # PPO(seed=0) seeded env i with 0 + i
+            if not self.killed and self.num_timesteps >= 6 * 100:
+                pid, indices = next(iter(group_pids(env).items()))
+                self.killed = sorted(indices)
+                procs.kill_worker(process_of(procs, pid))
+            return True
+
+    cb = KillAndCount()
+    with env:
+        model = PPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=1, device="cpu", seed=0)
+        model.learn(6 * 64 * 4, callback=cb)
+
+        assert cb.killed, "the worker was never killed"
+        assert env.num_envs == 6
+        assert_layout_intact(env)
+        # each env of the killed worker was reported exactly once, and no other env was
+        assert dict(cb.seen) == dict.fromkeys(cb.killed, 1)
+        assert sorted(e["env"] for e in env.restart_log) == cb.killed
+        assert {e["reason"] for e in env.restart_log} == {"worker_lost"}
+        assert env.restart_counts.tolist() == [1 if i in cb.killed else 0 for i in range(6)]
+        # all markers were in one vec step
+        assert len(set(cb.marker_steps)) == 1
+        assert len({g["worker"] for g in env.groups}) == 2
+
+
+# --------------------------------------------------------------------------- crashing env
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["raise", "restart"])
+def test_env_raising_on_its_50th_step(client2: Any, policy: str) -> None:
+    fns = [functools.partial(CountingEnv, horizon=1000, fail_at=50 if i == 1 else None) for i in range(4)]
+    with DaskVecEnv(fns, client=client2, envs_per_actor=2, on_env_error=policy, max_restarts=1, timeout=60) as env:
+        env.seed(7)
+        obs = env.reset()
+        actions = np.ones(4, dtype=np.int64)
+        for _ in range(49):
+            obs, _, dones, infos = env.step(actions)
+            assert not dones.any() and not markers(infos)
+        if policy == "raise":
+            with pytest.raises(ValueError, match="boom at step 50") as err:
+                env.step(actions)
+            assert err.value.env_index == 1  # type: ignore[attr-defined]
+            assert "remote traceback" in "".join(getattr(err.value, "__notes__", []))
+            return
+        last = obs.copy()
+        obs, rews, dones, infos = env.step(actions)
+        assert dones.tolist() == [False, True, False, False]
+        assert rews.tolist() == [1.0, 0.0, 1.0, 1.0]
+        m = markers(infos)
+        assert list(m) == [1]
+        assert m[1]["reason"] == "env_error" and m[1]["error"] == "ValueError: boom at step 50"
+        assert m[1]["seed"] == restart_seed(1, 1, 8)  # env.seed(7) gave env 1 the seed 8
+        assert infos[1]["TimeLimit.truncated"] is True
+        np.testing.assert_array_equal(infos[1]["terminal_observation"], last[1])
+        assert obs[1][0] == 0  # a fresh episode
+        assert env.error_restarts.tolist() == [0, 1, 0, 0]
+        assert env.restart_counts.tolist() == [0, 1, 0, 0]
+        assert [(e["env"], e["reason"]) for e in env.restart_log] == [(1, "env_error")]
+        # the other envs went on undisturbed
+        assert obs[[0, 2, 3], 0].tolist() == [50.0, 50.0, 50.0]
+        # the rebuilt env fails again at its own 50th step: past max_restarts=1
+        for _ in range(49):
+            _, _, dones, infos = env.step(actions)
+            assert not markers(infos)
+        with pytest.raises(EnvRestartBudgetExceeded, match="max_restarts=1") as budget:
+            env.step(actions)
+        assert budget.value.env_index == 1 and budget.value.restarts == 2
+
+
+# --------------------------------------------------------------------------- scale-down
+@pytest.mark.timeout(180)
+def test_localcluster_scale_down_while_stepping() -> None:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0",
+                     silence_logs=50) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        DaskVecEnv([functools.partial(CountingEnv, horizon=25)] * 6, client=client, timeout=60,
+                   worker_wait_timeout=60) as env,
+    ):
+        env.reset()
+        actions = np.zeros(6, dtype=np.int64)
+        for _ in range(5):
+            env.step(actions)
+        # SpecCluster.scale() closes the most recently added worker, plugins or not
+        last_name = str(list(cluster.worker_spec)[-1])
+        (doomed,) = [a for a, w in client.scheduler_info()["workers"].items() if str(w["name"]) == last_name]
+        doomed_envs = sorted(i for g in env.groups if g["worker"] == doomed for i in g["envs"])
+        cluster.scale(2)
+        seen: Counter[int] = Counter()
+        steps = 0
+        while not seen:
+            assert steps < 20_000, "the scale-down was never noticed"
+            _, _, dones, infos = env.step(actions)
+            steps += 1
+            for i, m in markers(infos).items():
+                assert m["reason"] == "worker_lost" and m["from_worker"] == doomed and dones[i]
+                seen[i] += 1
+        for _ in range(30):  # and nothing is reported twice afterwards
+            _, _, _, infos = env.step(actions)
+            seen.update(markers(infos).keys())
+        assert dict(seen) == dict.fromkeys(doomed_envs, 1)
+        assert sorted(e["env"] for e in env.restart_log) == doomed_envs
+        assert_layout_intact(env)
+        assert doomed not in {g["worker"] for g in env.groups}
+        assert len(client.scheduler_info()["workers"]) == 2
+
+
+def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> None:
+    """Adaptive scale-down (``Scheduler.workers_to_close``) picks idle workers first."""
+    from distributed import Client
+
+    ensure_workers(procs, 3)
+    with Client(procs.address, set_as_default=False) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        holders, idle = workers[:2], workers[2]
+        with DaskVecEnv([cartpole] * 4, client=client, workers=holders, timeout=60) as env:
+            assert {g["worker"] for g in env.groups} == set(holders)
+
+            def to_close(n: int) -> Any:
+                return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=n))
+
+            assert to_close(1) == [idle]
+            # asked for two, it still offers only the worker without envs
+            assert to_close(2) == [idle]
+            # the same question without the plugin offers env-holding workers
+            client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.remove_plugin("daskvec-keep-env-workers"))
+            try:
+                assert set(to_close(2)) & set(holders)
+            finally:
+                env._register_scheduler_plugin()
+            assert to_close(2) == [idle]
+
+    # every worker holds envs: the plugin leaves the choice to the scheduler
+    with Client(procs.address, set_as_default=False) as client, \
+            DaskVecEnv([cartpole] * 3, client=client, timeout=60) as env:
+        assert len({g["worker"] for g in env.groups}) == 3
+        assert len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=1))) == 1
+
+
+# --------------------------------------------------------------------------- rebalance
+@pytest.mark.timeout(180)
+def test_rebalance_onto_a_new_worker(procs: DaskProcesses) -> None:
+    ensure_workers(procs, 2)
+    with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 6, client=procs.address, envs_per_actor=1,
+                    timeout=60) as env:
+        env.reset()
+        actions = np.ones(6, dtype=np.int64)
+        for _ in range(3):
+            env.step(actions)
+        before = {g["envs"][0]: g["worker"] for g in env.groups}
+        assert sorted(Counter(before.values()).values()) == [3, 3]
+        assert env.rebalance() == 0  # already balanced
+        procs.add_worker()
+        procs.wait_for_workers(3)
+        assert env.rebalance() == 2
+        assert env.rebalance() == 2  # planning again replaces the plan, it does not add to it
+        obs, rews, dones, infos = env.step(actions)
+        m = markers(infos)
+        assert len(m) == 2
+        new_worker = ({g["worker"] for g in env.groups} - set(before.values())).pop()
+        for i, mk in m.items():
+            assert mk["reason"] == "moved" and mk["from_worker"] == before[i] and mk["worker"] == new_worker
+            assert dones[i] and infos[i]["TimeLimit.truncated"] is True
+            assert infos[i]["terminal_observation"][0] == 4.0  # the step it made before moving
+            assert rews[i] == 1.0  # the step happened: its reward is kept
+            assert obs[i][0] == 0.0
+        assert [int(o[0]) for i, o in enumerate(obs) if i not in m] == [4] * 4
+        assert sorted(Counter(g["worker"] for g in env.groups).values()) == [2, 2, 2]
+        assert_layout_intact(env)
+        assert sorted(e["env"] for e in env.restart_log) == sorted(m)
+        seen = Counter(m.keys())
+        for _ in range(20):
+            _, _, _, infos = env.step(actions)
+            seen.update(markers(infos).keys())
+        assert dict(seen) == dict.fromkeys(m, 1)
+        assert env.rebalance() == 0
+
+
+@pytest.mark.timeout(180)
+def test_auto_rebalance_splits_a_group(procs: DaskProcesses) -> None:
+    ensure_workers(procs, 2)
+    with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, timeout=60,
+                    auto_rebalance=True, rebalance_interval=0.2) as env:
+        env.reset()
+        actions = np.ones(4, dtype=np.int64)
+        procs.add_worker()
+        procs.add_worker()
+        procs.wait_for_workers(4)
+        seen: Counter[int] = Counter()
+        total = np.zeros(4)
+        for step in range(2000):
+            _, rews, _, infos = env.step(actions)
+            total += rews
+            seen.update(markers(infos).keys())
+            if len({g["worker"] for g in env.groups}) == 4 and step > 10:
+                break
+        assert len({g["worker"] for g in env.groups}) == 4
+        assert dict(seen) == dict.fromkeys(range(4), 1)  # the two groups of 2 were split and rebuilt once
+        assert {e["reason"] for e in env.restart_log} == {"moved"}
+        assert total.tolist() == [step + 1.0] * 4  # no step lost its reward
+        assert_layout_intact(env)
+
+
+# --------------------------------------------------------------------------- hangs
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("policy", "transport"), [("restart", "direct"), ("restart", "actor"), ("raise", "direct")])
+def test_frozen_env_under_step_timeout(procs: DaskProcesses, tmp_path: Path, policy: str, transport: str) -> None:
+    ensure_workers(procs, 2)
+    flag = str(tmp_path / "frozen")
+    fns = [functools.partial(FreezingEnv, flag) if i == 0 else functools.partial(CountingEnv, horizon=1000)
+           for i in range(4)]
+    env = DaskVecEnv(fns, client=procs.address, transport=transport, step_timeout=3.0, timeout=60,
+                     on_worker_lost=policy)
+    frozen_pid = next(pid for pid, envs in group_pids(env).items() if 0 in envs)
+    try:
+        env.reset()
+        actions = np.zeros(4, dtype=np.int64)
+        env.step(actions)
+        last = env.step(actions)[0]
+        if policy == "raise":
+            with pytest.raises(StepTimeoutError, match=r"did not answer within 3\.0s") as err:
+                env.step(actions)
+            assert 0 in err.value.env_indices
+            with pytest.raises(DaskVecEnvError, match="lost envs earlier"):
+                env.step_async(actions)
+        else:
+            obs, _, dones, infos = env.step(actions)
+            assert os.path.exists(flag)
+            m = markers(infos)
+            lost = sorted(m)
+            assert 0 in lost
+            for i in lost:
+                assert m[i]["reason"] == "timeout" and dones[i] and infos[i]["TimeLimit.truncated"] is True
+                np.testing.assert_array_equal(infos[i]["terminal_observation"], last[i])
+            for i in set(range(4)) - set(lost):
+                assert obs[i][0] == 3.0 and not dones[i]
+            seen = Counter(m.keys())
+            for _ in range(10):
+                _, _, _, infos = env.step(actions)
+                seen.update(markers(infos).keys())
+            assert dict(seen) == dict.fromkeys(lost, 1)
+            assert_layout_intact(env)
+            assert frozen_pid not in group_pids(env)
+    finally:
+        env.close()  # must not wait on the frozen thread
+        assert env.closed
+        procs.kill_worker(process_of(procs, frozen_pid))
+
+
+# --------------------------------------------------------------------------- soak
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_soak_workers_killed_and_replaced(procs: DaskProcesses) -> None:
+    """20 000 vec-steps while a worker holding envs is SIGKILLed every few seconds."""
+    ensure_workers(procs, 3)
+    n_envs, n_steps, kill_every = 4, 20_000, 3.0
+    with DaskVecEnv([cartpole] * n_envs, client=procs.address, timeout=60, step_timeout=30,
+                    worker_wait_timeout=60) as env:
+        env.seed(0)
+        env.reset()
+        rng = np.random.default_rng(0)
+        seen: Counter[int] = Counter()
+        expected: Counter[int] = Counter()
+        kills = 0
+        next_kill = time.monotonic() + kill_every
+        for step in range(n_steps):
+            kill_now = time.monotonic() > next_kill
+            if kill_now and step % 2 == 0:  # half the kills land between steps
+                pid, indices = sorted(group_pids(env).items())[kills % len(group_pids(env))]
+                procs.kill_worker(process_of(procs, pid))
+                expected.update(indices)
+            env.step_async(rng.integers(0, 2, n_envs))
+            if kill_now and step % 2 == 1:  # the other half while a step is in flight
+                pid, indices = sorted(group_pids(env).items())[kills % len(group_pids(env))]
+                procs.kill_worker(process_of(procs, pid))
+                expected.update(indices)
+            obs, _, dones, infos = env.step_wait()
+            assert obs.shape == (n_envs, 4) and np.isfinite(obs).all()
+            for i, m in markers(infos).items():
+                assert dones[i] and m["reason"] == "worker_lost"
+                seen[i] += 1
+            if kill_now:
+                kills += 1
+                procs.add_worker()  # a replacement joins while the envs are rebuilt elsewhere
+                next_kill = time.monotonic() + kill_every
+        for _ in range(5):  # a kill in the last steps is reported within a step or two
+            _, _, _, infos = env.step(rng.integers(0, 2, n_envs))
+            seen.update(markers(infos).keys())
+        assert kills >= 3
+        assert seen == expected
+        assert Counter(e["env"] for e in env.restart_log) == expected
+        assert env.restart_counts.tolist() == [expected[i] for i in range(n_envs)]
+        assert_layout_intact(env)
