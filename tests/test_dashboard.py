@@ -140,6 +140,23 @@ def test_install_is_idempotent_and_links_the_navigation() -> None:
     assert dsched.template_variables is wrapped  # not wrapped twice
 
 
+@pytest.mark.timeout(120)
+def test_importing_daskvecenv_installs_the_page() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import distributed.dashboard.scheduler as d\n"
+        "assert '/daskvec' not in d.applications\n"
+        "from daskvec import DaskVecEnv\n"
+        "assert all(r in d.applications for r in "
+        "('/daskvec', '/individual-daskvec', '/individual-daskvec-workers'))\n"
+        "import prometheus_client\n"
+        "assert 'dask_daskvec_envs' in prometheus_client.generate_latest().decode()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=110)
+
+
 # --------------------------------------------------------------------------- one cluster
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
