@@ -45,11 +45,18 @@ from daskvec.errors import (
     StepTimeoutError,
     WorkerLostError,
 )
-from daskvec.metrics import ClientTimer
+from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, recv_many
 from daskvec.worker import INFO_KEY, EnvGroup, restart_seed
 
 logger = logging.getLogger(__name__)
+
+try:  # the dashboard page, for every scheduler this process starts from now on
+    from daskvec import dashboard as _dashboard
+
+    _dashboard.install()
+except ImportError as _e:  # Bokeh missing or too old for Dask's dashboard
+    logger.debug("daskvec dashboard page not installed: %s", _e)
 
 __all__ = ["DaskVecEnv"]
 
@@ -1018,15 +1025,9 @@ class DaskVecEnv(VecEnv):
         if now - self._last_stats < _STATS_INTERVAL:
             return
         self._last_stats = now
-        msg = {
-            "shares": self.timer.shares(),
-            "vec_steps": self.timer.vec_steps,
-            "num_envs": self.num_envs,
-            "restarts": int(self.restart_counts.sum()),
-            "time": time.time(),
-        }
+        msg = client_message(self.timer, self.num_envs, int(self.restart_counts.sum()))
         with contextlib.suppress(Exception):
-            self.client.loop.add_callback(self.client.scheduler.log_event, topic="daskvec-client", msg=msg)
+            self.client.loop.add_callback(self.client.scheduler.log_event, topic=CLIENT_TOPIC, msg=msg)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -1042,6 +1043,9 @@ class DaskVecEnv(VecEnv):
             live = [g for g in self._groups if g.failed is None]
             recv_many([g.channel for g in live], min(self.step_timeout, 30.0))
             self.waiting = False
+        with contextlib.suppress(Exception):  # tell the dashboard (bounded wait; the scheduler may be gone)
+            msg = client_message(self.timer, self.num_envs, int(self.restart_counts.sum()), closed=True)
+            self.client.sync(self.client.scheduler.log_event, topic=CLIENT_TOPIC, msg=msg, callback_timeout=5)
         self._teardown_groups(self._groups, graceful=True)
         self._groups = []
         self._resolved.close()
@@ -1059,9 +1063,57 @@ class DaskVecEnv(VecEnv):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _repr_html_(self) -> str:
+        """Notebook view: the dashboard link, and the workers with the envs each holds."""
+        from html import escape
+
+        n_envs = getattr(self, "num_envs", 0)
+        if self.closed:
+            return f"<div><strong>DaskVecEnv</strong>: {n_envs} envs, closed</div>"
+        by_worker: dict[str, list[dict[str, Any]]] = {}
+        for g in self.groups:
+            by_worker.setdefault(g["worker"], []).append(g)
+        link = self.dashboard_link
+        page = None
+        if link:
+            base = link.rsplit("/", 1)[0] if link.rstrip("/").endswith("status") else link.rstrip("/")
+            page = f"{base}/daskvec"
+        links = (
+            f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'
+            f' (daskvec page: <a href="{escape(page or "")}" target="_blank">{escape(page or "")}</a>)'
+            if link else "unknown"
+        )
+        rows = "".join(
+            f"<tr><td style='text-align:left'>{escape(w)}</td><td>{sum(len(g['envs']) for g in gs)}</td>"
+            f"<td>{len(gs)}</td><td style='text-align:left'>{escape(_ranges([i for g in gs for i in g['envs']]))}</td>"
+            f"<td>{escape(', '.join(sorted({g['transport'] for g in gs})))}</td></tr>"
+            for w, gs in sorted(by_worker.items())
+        )
+        return (
+            "<div>"
+            f"<p><strong>DaskVecEnv</strong>: {n_envs} envs in {len(self._groups)} groups on "
+            f"{len(by_worker)} workers</p>"
+            f"<p>Dashboard: {links}</p>"
+            "<table><thead><tr><th style='text-align:left'>worker</th><th>envs</th><th>groups</th>"
+            "<th style='text-align:left'>env indices</th><th>transport</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>"
+        )
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len({g.worker for g in self._groups})} workers"
         return f"<DaskVecEnv: {getattr(self, 'num_envs', 0)} envs, {len(getattr(self, '_groups', []))} groups, {state}>"
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts: list[str] = []
+    for i in sorted(indices):
+        if parts and not parts[-1].endswith(",") and int(parts[-1].split("-")[-1]) == i - 1:
+            head = parts[-1].split("-")[0]
+            parts[-1] = f"{head}-{i}"
+        else:
+            parts.append(str(i))
+    return ", ".join(parts)
 
 
 def _is_placement_failure(exc: BaseException) -> bool:
