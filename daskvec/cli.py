@@ -1,0 +1,256 @@
+"""The ``daskvec`` command.
+
+``daskvec train ENV_ID``
+    Train a Stable-Baselines3 agent on ``ENV_ID`` with its envs in a
+    :class:`~daskvec.DaskVecEnv`: on the cluster at ``--scheduler``, or on an embedded
+    ``LocalCluster`` when no scheduler is given. Shows a progress bar, prints the
+    dashboard link, the env-steps/s achieved and the evaluated mean reward, and saves
+    the model with ``--save``.
+
+``daskvec bench ...``
+    Benchmarks (see :mod:`daskvec.bench`).
+
+Examples
+--------
+.. code-block:: console
+
+    $ daskvec train CartPole-v1 --algo ppo --n-envs 8 --timesteps 25000 --save ppo_cartpole
+    $ daskvec train CartPole-v1 --scheduler tcp://10.0.0.1:8786 --envs-per-actor 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main", "train"]
+
+logger = logging.getLogger(__name__)
+
+#: Algorithms ``daskvec train`` offers, by command-line name.
+ALGOS = ("ppo", "a2c", "dqn", "sac")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
+def _hyperparam(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw  # a bare word such as a policy or schedule name
+    return key, value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help="show daskvec's INFO logs")
+
+
+def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_id", metavar="ENV_ID", help="a Gymnasium env id, e.g. CartPole-v1")
+    parser.add_argument("--algo", choices=ALGOS, default="ppo", help="the SB3 algorithm (default: ppo)")
+    parser.add_argument("--n-envs", type=_positive_int, default=8, help="number of parallel envs (default: 8)")
+    parser.add_argument("--timesteps", type=_positive_int, default=25_000,
+                        help="env steps to train for, over all envs (default: 25000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the envs and the agent (default: 0)")
+    parser.add_argument("--envs-per-actor", type=_positive_int, default=None,
+                        help="envs per Dask actor (default: one actor per worker)")
+    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                        help="Dask scheduler address, e.g. tcp://10.0.0.1:8786 (default: an embedded LocalCluster)")
+    parser.add_argument("--transport", choices=("auto", "direct", "actor"), default="auto",
+                        help="how steps reach the actors (default: auto)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds any single wait for the cluster may take (default: 300)")
+    parser.add_argument("--save", metavar="PATH", default=None, help="save the trained model there (SB3 .zip)")
+    parser.add_argument("--eval-episodes", type=int, default=10,
+                        help="episodes of deterministic evaluation at the end; 0 skips it (default: 10)")
+    parser.add_argument("--hyperparams", metavar="KEY=VALUE", nargs="+", type=_hyperparam, default=[],
+                        help="extra arguments of the algorithm, e.g. n_steps=256 learning_rate=1e-3")
+    parser.add_argument("--device", default="cpu", help="torch device for the agent (default: cpu)")
+    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    _add_common(parser)
+
+
+def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
+    """The ``daskvec`` argument parser.
+
+    Parameters
+    ----------
+    with_bench : bool
+        Add the options of ``daskvec bench`` (this imports :mod:`daskvec.bench`).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    parser = argparse.ArgumentParser(
+        prog="daskvec", description="Stable-Baselines3 vectorized environments on Dask clusters."
+    )
+    from daskvec import __version__
+
+    parser.add_argument("--version", action="version", version=f"daskvec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    train_p = sub.add_parser("train", help="train an SB3 agent with its envs on a Dask cluster",
+                             description="Train an SB3 agent with its envs in a DaskVecEnv.")
+    _add_train_arguments(train_p)
+    bench_p = sub.add_parser("bench", help="benchmark DaskVecEnv against SB3's vec envs",
+                             description="Benchmark DaskVecEnv against SB3's vec envs.")
+    if with_bench:
+        from daskvec import bench
+
+        bench.add_arguments(bench_p)
+        if not any("-v" in a.option_strings for a in bench_p._actions):
+            _add_common(bench_p)
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Log daskvec's own messages to stderr: warnings by default, INFO with ``--verbose``."""
+    log = logging.getLogger("daskvec")
+    log.setLevel(logging.INFO if verbose else logging.WARNING)
+    if not any(getattr(h, "_daskvec_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._daskvec_cli = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.propagate = False
+
+
+def _policy_for(observation_space: Any) -> str:
+    import gymnasium as gym
+
+    return "MultiInputPolicy" if isinstance(observation_space, gym.spaces.Dict) else "MlpPolicy"
+
+
+def _algo_class(name: str) -> Any:
+    import stable_baselines3 as sb3
+
+    return {"ppo": sb3.PPO, "a2c": sb3.A2C, "dqn": sb3.DQN, "sac": sb3.SAC}[name]
+
+
+def _has_progress_bar_deps() -> bool:
+    try:
+        import rich  # noqa: F401
+        import tqdm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def train(args: argparse.Namespace) -> int:
+    """Run ``daskvec train`` with parsed ``args``; returns the exit code.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        As produced by :func:`build_parser` for the ``train`` command.
+
+    Returns
+    -------
+    int
+        0 on success, 1 when the env or the cluster could not be set up.
+    """
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    from daskvec.vec_env import DaskVecEnv
+
+    vec_kwargs: dict[str, Any] = {
+        "client": args.scheduler,
+        "envs_per_actor": args.envs_per_actor,
+        "transport": args.transport,
+        "timeout": args.timeout,
+    }
+    try:
+        env = make_vec_env(args.env_id, n_envs=args.n_envs, seed=args.seed,
+                           vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]  # SB3 annotates its own two only
+                           vec_env_kwargs=vec_kwargs)
+    except (ValueError, TypeError, OSError, gym.error.Error) as e:
+        print(f"daskvec train: cannot create the envs: {e}", file=sys.stderr)
+        return 1
+    try:
+        assert isinstance(env, DaskVecEnv)
+        print(f"daskvec: {args.n_envs} x {args.env_id} in {len(env.groups)} actors on "
+              f"{len({g['worker'] for g in env.groups})} workers ({env.transport_summary()})", flush=True)
+        print(f"Dask dashboard: {env.dashboard_link}", flush=True)
+        algo = _algo_class(args.algo)
+        model = algo(_policy_for(env.observation_space), env, device=args.device, seed=args.seed, verbose=0,
+                     **dict(args.hyperparams))
+        progress = not args.no_progress and _has_progress_bar_deps()
+        start = time.perf_counter()
+        model.learn(total_timesteps=args.timesteps, progress_bar=progress)
+        elapsed = time.perf_counter() - start
+        steps = int(model.num_timesteps)
+        print(f"trained {args.algo.upper()} for {steps} env steps in {elapsed:.1f} s: "
+              f"{steps / max(elapsed, 1e-9):.0f} env-steps/s", flush=True)
+        if args.save:
+            model.save(args.save)
+            saved = args.save if str(args.save).endswith(".zip") else f"{args.save}.zip"
+            print(f"saved model to {saved}", flush=True)
+    finally:
+        env.close()
+    if args.eval_episodes > 0:
+        from stable_baselines3.common.monitor import Monitor
+
+        eval_env = Monitor(gym.make(args.env_id))
+        eval_env.reset(seed=args.seed + 10_000)
+        try:
+            rewards, _ = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True,
+                                         return_episode_rewards=True)
+        finally:
+            eval_env.close()
+        mean, std = float(np.mean(rewards)), float(np.std(rewards))
+        print(f"evaluated mean reward: {mean:.2f} +/- {std:.2f} over {args.eval_episodes} episodes",
+              flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``daskvec`` command.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        The exit code.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    try:
+        parser = build_parser(with_bench=command == "bench")
+    except ImportError as e:
+        print(f"daskvec bench is not available: {e}", file=sys.stderr)
+        return 1
+    args = parser.parse_args(argv)
+    _configure_logging(bool(getattr(args, "verbose", False)))
+    if args.command == "train":
+        with contextlib.suppress(KeyboardInterrupt):
+            return train(args)
+        print("interrupted", file=sys.stderr)
+        return 130
+    from daskvec import bench
+
+    return int(bench.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The ``daskvec`` command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daskvec import cli
+
+#: Short PPO rollouts so that a couple of thousand steps make several updates.
+SMALL_PPO = ["--hyperparams", "n_steps=64", "batch_size=64", "n_epochs=2"]
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "daskvec.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_envs: int) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    m = re.search(r"^daskvec: (\d+) x CartPole-v1 in (\d+) actors on (\d+) workers", out, re.M)
+    assert m and int(m.group(1)) == n_envs, out
+    dash = re.search(r"^Dask dashboard: (http://\S+)$", out, re.M)
+    assert dash, out
+    rate = re.search(r"^trained PPO for (\d+) env steps in [\d.]+ s: (\d+) env-steps/s$", out, re.M)
+    assert rate and int(rate.group(1)) >= 2000 and int(rate.group(2)) > 0, out
+    reward = re.search(r"^evaluated mean reward: ([\d.]+) \+/- [\d.]+ over 3 episodes$", out, re.M)
+    assert reward and float(reward.group(1)) >= 8.0, out  # every CartPole episode lasts at least 8 steps
+    assert f"saved model to {model}" in out
+    assert model.is_file()
+    with zipfile.ZipFile(model) as z:
+        assert "policy.pth" in z.namelist()
+    from stable_baselines3 import PPO
+
+    loaded = PPO.load(model, device="cpu")
+    assert loaded.observation_space.shape == (4,)
+    assert loaded.num_timesteps == int(rate.group(1))
+    return {"actors": int(m.group(2)), "workers": int(m.group(3)), "dashboard": dash.group(1)}
+
+
+@pytest.mark.timeout(300)
+def test_train_on_embedded_cluster(tmp_path: Path) -> None:
+    model = tmp_path / "ppo_cartpole.zip"
+    proc = run_cli(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--seed", "3",
+                    "--eval-episodes", "3", "--save", str(model), *SMALL_PPO], tmp_path)
+    facts = check_train_output(proc, model, n_envs=4)
+    assert facts["workers"] >= 1
+    # quiet by default: no INFO lines from daskvec
+    assert " INFO daskvec" not in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
+    procs = dask_processes(2)
+    model = tmp_path / "model.zip"
+    proc = run_cli(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--envs-per-actor", "1",
+                    "--scheduler", procs.address, "--eval-episodes", "3", "--save", str(model), "--verbose",
+                    "--no-progress", *SMALL_PPO], tmp_path)
+    facts = check_train_output(proc, model, n_envs=4)
+    assert facts["actors"] == 4 and facts["workers"] == 2
+    assert " INFO daskvec" in proc.stderr  # --verbose shows daskvec's INFO logs
+    # the CLI did not shut down a scheduler it did not start
+    assert procs.scheduler.poll() is None
+    assert all(w.poll() is None for w in procs.workers)
+
+
+@pytest.fixture
+def restore_daskvec_logger() -> Any:
+    """``cli.main`` configures the ``daskvec`` logger; undo it for the tests that follow."""
+    import logging
+
+    log = logging.getLogger("daskvec")
+    saved = (log.level, list(log.handlers), log.propagate)
+    yield
+    log.setLevel(saved[0])
+    log.handlers[:] = saved[1]
+    log.propagate = saved[2]
+
+
+def test_unreachable_scheduler_fails_cleanly(capsys: pytest.CaptureFixture[str], restore_daskvec_logger: Any) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = cli.main(["train", "CartPole-v1", "--scheduler", f"tcp://127.0.0.1:{port}", "--timeout", "3",
+                     "--no-progress"])
+    assert code == 1
+    assert "cannot reach a Dask scheduler" in capsys.readouterr().err
+
+
+def test_parser(restore_daskvec_logger: Any) -> None:
+    args = cli.build_parser().parse_args(
+        ["train", "Pendulum-v1", "--algo", "sac", "--n-envs", "2", "--hyperparams", "learning_rate=1e-3",
+         "policy_kwargs={'net_arch':[8]}", "train_freq=4"]
+    )
+    assert args.env_id == "Pendulum-v1" and args.algo == "sac" and args.n_envs == 2
+    assert dict(args.hyperparams) == {"learning_rate": 1e-3, "policy_kwargs": {"net_arch": [8]}, "train_freq": 4}
+    assert args.scheduler is None and args.transport == "auto" and args.timesteps == 25_000
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "CartPole-v1", "--n-envs", "0"])
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "CartPole-v1", "--algo", "trpo"])
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "CartPole-v1", "--hyperparams", "no-equals-sign"])
+    with pytest.raises(SystemExit):
+        cli.main([])  # a command is required
+
+
+def test_bench_subcommand_is_wired() -> None:
+    pytest.importorskip("daskvec.bench")
+    parser = cli.build_parser(with_bench=True)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["bench", "--help"])
+    assert exc.value.code == 0
