@@ -11,7 +11,7 @@ import numpy as np
 class CountingEnv(gym.Env[np.ndarray, int]):
     """Observation counts steps; episode ends after ``horizon`` steps; can fail on demand."""
 
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012 (gymnasium's convention)
 
     def __init__(self, horizon: int = 10, fail_at: int | None = None, render_mode: str | None = None) -> None:
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
@@ -23,7 +23,9 @@ class CountingEnv(gym.Env[np.ndarray, int]):
         self.total_steps = 0
         self.offset = 0.0
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self.t = 0
         self.offset = float(self.np_random.integers(0, 1000))
@@ -89,7 +91,7 @@ class SpaceEnv(gym.Env[Any, Any]):
     ``horizon`` steps, so both kinds of ``done`` appear.
     """
 
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012 (gymnasium's convention)
 
     def __init__(self, kind: str = "box", horizon: int = 5, terminate_at: int | None = None,
                  render_mode: str | None = None) -> None:
@@ -146,11 +148,12 @@ class SpaceEnv(gym.Env[Any, Any]):
 
 
 class SlowAttrEnv(CountingEnv):
-    """``env.slow`` sleeps ``delay`` seconds: a stand-in for an env call that hangs."""
+    """``env.slow`` (and ``step`` when ``step_delay`` is set) sleep: stand-ins for env calls that hang."""
 
-    def __init__(self, delay: float = 30.0) -> None:
+    def __init__(self, delay: float = 30.0, step_delay: float = 0.0) -> None:
         super().__init__()
         self.delay = delay
+        self.step_delay = step_delay
 
     @property
     def slow(self) -> float:
@@ -158,6 +161,13 @@ class SlowAttrEnv(CountingEnv):
 
         time.sleep(self.delay)
         return self.delay
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.step_delay:
+            import time
+
+            time.sleep(self.step_delay)
+        return super().step(action)
 
 
 class BrokenStepEnv(CountingEnv):
@@ -168,6 +178,10 @@ class BrokenStepEnv(CountingEnv):
             self.total_steps += 1
             raise EnvCrashed(f"env crashed at step {self.total_steps}")
         return super().step(action)
+
+    def lookup(self) -> Any:
+        """Raises AttributeError from inside the env's own code."""
+        return self.no_such_field  # type: ignore[attr-defined]
 
 
 class EnvCrashed(Exception):

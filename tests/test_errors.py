@@ -1,0 +1,257 @@
+"""Errors: remote env exceptions keep their type and context; user mistakes get clear errors."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from envs import BrokenStepEnv, CountingEnv, EnvCrashed, SlowAttrEnv, SpaceEnv
+
+from daskvec import DaskVecEnv
+from daskvec.errors import (
+    AlreadySteppingError,
+    ClosedEnvError,
+    DaskVecEnvError,
+    NoAsyncCallError,
+    StepTimeoutError,
+    WorkerLostError,
+)
+
+TRANSPORTS = ["direct", "actor"]
+
+
+@pytest.fixture(scope="module")
+def dclient(cluster2: Any) -> Iterator[Any]:
+    from distributed import Client
+
+    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def worker_addresses(dclient: Any) -> list[str]:
+    return sorted(dclient.scheduler_info(n_workers=-1)["workers"])
+
+
+def counting(n: int = 4, **kwargs: Any) -> list[Any]:
+    return [functools.partial(CountingEnv, **kwargs) for _ in range(n)]
+
+
+# --------------------------------------------------------------------------- remote env errors
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_env_exception_keeps_type_index_worker_traceback(transport: str, dclient: Any,
+                                                         worker_addresses: list[str]) -> None:
+    fns = [functools.partial(BrokenStepEnv, horizon=50, fail_at=3 if i == 2 else None) for i in range(4)]
+    with DaskVecEnv(fns, client=dclient, transport=transport, envs_per_actor=2) as venv:
+        venv.reset()
+        venv.step(np.zeros(4, dtype=np.int64))
+        venv.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(EnvCrashed, match="env crashed at step 3") as info:
+            venv.step(np.zeros(4, dtype=np.int64))
+        exc = info.value
+        assert type(exc) is EnvCrashed  # the user's own class, rebuilt on the client
+        assert exc.env_index == 2  # type: ignore[attr-defined]
+        group_of_2 = next(g for g in venv.groups if 2 in g["envs"])
+        assert exc.worker == group_of_2["worker"] in worker_addresses  # type: ignore[attr-defined]
+        notes = "\n".join(getattr(exc, "__notes__", []))
+        assert "env 2" in notes and group_of_2["worker"] in notes
+        assert "Traceback (most recent call last)" in notes
+        assert "in step" in notes and "EnvCrashed: env crashed at step 3" in notes  # the frame that raised
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_builtin_exception_from_step_and_reset(transport: str, dclient: Any) -> None:
+    fns = counting(2, horizon=50)
+    fns[1] = functools.partial(CountingEnv, horizon=50, fail_at=1)
+    with DaskVecEnv(fns, client=dclient, transport=transport, envs_per_actor=1) as venv:
+        venv.reset()
+        with pytest.raises(ValueError, match="boom at step 1") as info:
+            venv.step(np.zeros(2, dtype=np.int64))
+        assert info.value.env_index == 1  # type: ignore[attr-defined]
+        # the failed step left the vec env usable: attribute calls still work
+        assert venv.get_attr("horizon") == [50, 50]
+
+    def bad_reset_env() -> SpaceEnv:
+        env = SpaceEnv("box")
+        env.reset = lambda **kw: (_ for _ in ()).throw(KeyError("no reset today"))  # type: ignore[method-assign]
+        return env
+
+    with DaskVecEnv([SpaceEnv, bad_reset_env], client=dclient, transport=transport) as venv, \
+            pytest.raises(KeyError, match="no reset today") as info:
+        venv.reset()
+    assert info.value.env_index == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_attribute_error_stays_attribute_error(transport: str, dclient: Any) -> None:
+    fns = [functools.partial(BrokenStepEnv) for _ in range(3)]
+    with DaskVecEnv(fns, client=dclient, transport=transport) as venv:
+        with pytest.raises(AttributeError) as info:
+            venv.get_attr("not_there", indices=[1])
+        assert info.value.env_index == 1  # type: ignore[attr-defined]
+        with pytest.raises(AttributeError):
+            venv.env_method("not_a_method")
+        with pytest.raises(AttributeError, match="no_such_field"):
+            venv.env_method("lookup", indices=-1)
+        assert not venv.has_attr("not_there")
+        assert venv.has_attr("lookup")
+
+
+def test_out_of_range_indices(dclient: Any) -> None:
+    with DaskVecEnv(counting(3), client=dclient) as venv:
+        with pytest.raises(IndexError):
+            venv.get_attr("horizon", indices=3)
+        with pytest.raises(IndexError):
+            venv.get_attr("horizon", indices=[-4])
+        with pytest.raises(TypeError):
+            venv.get_attr("horizon", indices=["a"])
+
+
+# --------------------------------------------------------------------------- constructor mistakes
+def test_empty_and_non_callable_env_fns(dclient: Any) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        DaskVecEnv([], client=dclient)
+    with pytest.raises(TypeError, match=r"env_fns\[1\].*not a callable"):
+        DaskVecEnv([CountingEnv, CountingEnv()], client=dclient)
+    with pytest.raises(TypeError, match="single callable"):
+        DaskVecEnv(CountingEnv, client=dclient)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        DaskVecEnv("CartPole-v1", client=dclient)  # type: ignore[arg-type]
+
+
+def test_factories_returning_the_same_instance(dclient: Any, worker_addresses: list[str]) -> None:
+    env = CountingEnv()
+    with pytest.raises(ValueError, match="same env instance"):
+        DaskVecEnv([lambda: env, lambda: env], client=dclient)
+
+    # not visible from the client: a caching factory hands out one env on the worker
+    cache: dict[str, CountingEnv] = {}
+
+    def shared() -> CountingEnv:
+        return cache.setdefault("env", CountingEnv())
+
+    with pytest.raises(ValueError, match="same environment instance"):
+        DaskVecEnv([shared, shared], client=dclient, workers=worker_addresses[:1])
+
+
+def test_envs_with_different_spaces(dclient: Any) -> None:
+    with pytest.raises(ValueError, match="spaces") as info:
+        DaskVecEnv([functools.partial(SpaceEnv, "box"), functools.partial(SpaceEnv, "discrete")], client=dclient,
+                   envs_per_actor=1)
+    assert "env 1" in str(info.value)
+
+
+def test_unpicklable_factory_names_its_index(dclient: Any) -> None:
+    lock = threading.Lock()
+
+    def with_lock() -> CountingEnv:
+        with lock:
+            return CountingEnv()
+
+    with pytest.raises(TypeError, match=r"env_fns\[2\] cannot be pickled"):
+        DaskVecEnv([CountingEnv, CountingEnv, with_lock], client=dclient)
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_scheduler_fails_fast() -> None:
+    with socket.socket() as s:  # bound but never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(ValueError, match="cannot reach a Dask scheduler"):
+            DaskVecEnv(counting(2), client=f"tcp://127.0.0.1:{port}", timeout=2)
+
+
+def test_bad_options(dclient: Any) -> None:
+    for kwargs in ({"transport": "carrier-pigeon"}, {"envs_per_actor": 0}, {"timeout": 0},
+                   {"on_worker_lost": "ignore"}, {"on_env_error": "ignore"}, {"max_restarts": -1}):
+        with pytest.raises(ValueError):
+            DaskVecEnv(counting(2), client=dclient, **kwargs)
+    with pytest.raises(TypeError):
+        DaskVecEnv(counting(2), client=3.14)
+
+
+# --------------------------------------------------------------------------- call-order mistakes
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_call_order_errors(transport: str, dclient: Any) -> None:
+    venv = DaskVecEnv(counting(4), client=dclient, transport=transport, envs_per_actor=2)
+    try:
+        venv.reset()
+        with pytest.raises(NoAsyncCallError):
+            venv.step_wait()
+        with pytest.raises(ValueError, match="3 actions for 4 envs"):
+            venv.step_async(np.zeros(3, dtype=np.int64))
+        assert not venv.waiting  # the refused batch left nothing pending
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(AlreadySteppingError):
+            venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(AlreadySteppingError):
+            venv.get_attr("horizon")
+        with pytest.raises(AlreadySteppingError):
+            venv.reset()
+        obs, _, _, _ = venv.step_wait()  # the pending step is still collected correctly
+        assert obs[:, 0].tolist() == [1, 1, 1, 1]
+        with pytest.raises(NoAsyncCallError):
+            venv.step_wait()
+    finally:
+        venv.close()
+    for call in (venv.reset, lambda: venv.step(np.zeros(4, dtype=np.int64)),
+                 lambda: venv.step_async(np.zeros(4, dtype=np.int64)), venv.step_wait,
+                 lambda: venv.get_attr("horizon"), lambda: venv.set_attr("horizon", 1),
+                 lambda: venv.env_method("double", 1), venv.get_images):
+        with pytest.raises(ClosedEnvError):
+            call()
+    assert issubclass(ClosedEnvError, DaskVecEnvError)
+    venv.close()  # still a no-op
+
+
+# --------------------------------------------------------------------------- timeouts
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_timeout_bounds_attribute_calls(transport: str, dclient: Any, worker_addresses: list[str]) -> None:
+    venv = DaskVecEnv([functools.partial(SlowAttrEnv, delay=6.0)], client=dclient, transport=transport,
+                      workers=worker_addresses[1:], timeout=1.0, on_worker_lost="raise")
+    try:
+        with pytest.raises(StepTimeoutError) as info:
+            venv.get_attr("slow")
+        assert isinstance(info.value, WorkerLostError) and info.value.env_indices == [0]
+        assert info.value.worker == worker_addresses[1]
+    finally:
+        venv.close()
+
+
+@pytest.mark.timeout(120)
+def test_step_timeout_bounds_step_wait(dclient: Any, worker_addresses: list[str]) -> None:
+    venv = DaskVecEnv([functools.partial(SlowAttrEnv, step_delay=6.0), CountingEnv], client=dclient,
+                      transport="direct", workers=worker_addresses[1:], envs_per_actor=1, timeout=30,
+                      step_timeout=1.0, on_worker_lost="raise")
+    try:
+        venv.reset()
+        venv.step_async(np.zeros(2, dtype=np.int64))
+        with pytest.raises(StepTimeoutError) as info:
+            venv.step_wait()
+        assert info.value.env_indices == [0]
+    finally:
+        venv.close()
+
+
+@pytest.mark.timeout(150)
+def test_timeout_with_restart_policy_does_not_hang(dclient: Any) -> None:
+    """With the default ``on_worker_lost="restart"`` a hung call gets its env rebuilt, not an endless wait.
+
+    The rebuilt env hangs again on the same call, so the call finally fails with a
+    daskvec error; what matters is that every wait was bounded by ``timeout``.
+    """
+    venv = DaskVecEnv([functools.partial(SlowAttrEnv, delay=3.0), CountingEnv], client=dclient, envs_per_actor=1,
+                      timeout=1.0, worker_wait_timeout=5.0)
+    try:
+        with pytest.raises(WorkerLostError):
+            venv.get_attr("slow", indices=0)
+        assert venv.restart_counts[0] >= 1 and venv.restart_counts[1] == 0
+        assert venv.get_attr("horizon", indices=1) == [10]  # the other env was not disturbed
+    finally:
+        venv.close()
