@@ -125,7 +125,7 @@ def resolve_client(
             return ResolvedClient(current)
         cluster = embedded_cluster(**(cluster_kwargs or {}))
         c = Client(cluster, direct_to_workers=True)
-        logger.warning("daskvec started a LocalCluster; dashboard: %s", c.dashboard_link)
+        logger.info("daskvec started a LocalCluster; dashboard: %s", c.dashboard_link)
         return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True)
     if isinstance(client, Client):
         return ResolvedClient(client)
