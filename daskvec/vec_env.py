@@ -1039,14 +1039,19 @@ class DaskVecEnv(VecEnv):
         if getattr(self, "closed", True):
             return
         self.closed = True
+        stuck: list[_Group] = []
         if self.waiting:
             live = [g for g in self._groups if g.failed is None]
-            recv_many([g.channel for g in live], min(self.step_timeout, 30.0))
+            replies = recv_many([g.channel for g in live], min(self.step_timeout, 30.0))
+            # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
+            stuck = [g for g, r in zip(live, replies, strict=True) if isinstance(r, BaseException)]
+            stuck += [g for g in self._groups if g.failed is not None]
             self.waiting = False
         with contextlib.suppress(Exception):  # tell the dashboard (bounded wait; the scheduler may be gone)
             msg = client_message(self.timer, self.num_envs, int(self.restart_counts.sum()), closed=True)
             self.client.sync(self.client.scheduler.log_event, topic=CLIENT_TOPIC, msg=msg, callback_timeout=5)
-        self._teardown_groups(self._groups, graceful=True)
+        self._teardown_groups(stuck, graceful=False)
+        self._teardown_groups([g for g in self._groups if g not in stuck], graceful=True)
         self._groups = []
         self._resolved.close()
 
