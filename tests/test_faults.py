@@ -450,3 +450,31 @@ def test_close_while_a_frozen_step_is_in_flight(procs: DaskProcesses, tmp_path: 
         env.close()  # and a second close is a no-op
     finally:
         procs.kill_worker(process_of(procs, frozen_pid))
+
+
+@pytest.mark.timeout(120)
+def test_envs_leave_a_worker_before_its_lifetime_ends(procs: DaskProcesses) -> None:
+    ensure_workers(procs, 1)
+    leaving = procs.add_worker("--lifetime", "600s")  # due to leave within migrate_before
+    procs.wait_for_workers(2)
+    try:
+        with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, timeout=60,
+                        migrate_before=900) as env:
+            on_leaving = sorted(group_pids(env).get(leaving.pid, []))
+            assert on_leaving, "expected a group on the worker with a lifetime"
+            env.reset()
+            obs, rews, dones, infos = env.step(np.ones(4, dtype=np.int64))
+            m = markers(infos)
+            assert sorted(m) == on_leaving
+            for i in on_leaving:
+                assert m[i]["reason"] == "moved" and dones[i] and infos[i]["TimeLimit.truncated"] is True
+                assert rews[i] == 1.0 and infos[i]["terminal_observation"][0] == 1.0 and obs[i][0] == 0.0
+            assert leaving.pid not in group_pids(env)
+            seen = Counter(m.keys())
+            for _ in range(10):  # nothing moves back or twice
+                _, _, _, infos = env.step(np.ones(4, dtype=np.int64))
+                seen.update(markers(infos).keys())
+            assert dict(seen) == dict.fromkeys(on_leaving, 1)
+            assert_layout_intact(env)
+    finally:
+        procs.kill_worker(leaving)
