@@ -1,0 +1,63 @@
+"""DaskVecEnv against a separate ``dask scheduler`` and ``dask worker`` processes started by the test."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from envs import SpaceEnv, assert_same
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from daskvec import DaskVecEnv
+
+
+@pytest.mark.timeout(240)
+def test_scheduler_address_and_worker_processes(dask_processes: Any) -> None:
+    procs = dask_processes(2)
+    fns = [functools.partial(SpaceEnv, "dict", horizon=4, terminate_at=3 if i % 2 else None) for i in range(6)]
+    venv = DaskVecEnv(fns, client=procs.address, envs_per_actor=2, timeout=60)  # an address string
+    ref = DummyVecEnv(fns)
+    from distributed import Client
+
+    with Client(procs.address, set_as_default=False, timeout=60) as observer:
+        worker_pids = observer.run(lambda: __import__("os").getpid())
+        try:
+            groups = venv.groups
+            assert [g["envs"] for g in groups] == [[0, 1], [2, 3], [4, 5]]
+            assert {g["worker"] for g in groups} == set(worker_pids)  # both worker processes hold envs
+            assert {g["transport"] for g in groups} == {"direct"}
+            # the envs live in the worker processes, not here
+            pids = {g["worker"]: venv._describe[g["key"]]["pid"] for g in groups}
+            assert pids == {w: worker_pids[w] for w in pids}
+
+            for v in (venv, ref):
+                v.seed(2024)
+            assert_same(venv.reset(), ref.reset())
+            rng = np.random.default_rng(1)
+            for _ in range(12):
+                actions = rng.integers(0, 4, size=6)
+                assert_same(venv.step(actions), ref.step(actions))
+
+            # worker-side code stays light: stepping envs did not import SB3 or torch there
+            heavy = observer.run(lambda: sorted(m for m in ("stable_baselines3", "torch") if m in sys.modules))
+            assert list(heavy.values()) == [[], []]
+        finally:
+            venv.close()
+            ref.close()
+
+        # close() released the actors but left the scheduler and workers it did not start
+        assert procs.scheduler.poll() is None and all(w.poll() is None for w in procs.workers)
+
+        def actors(dask_scheduler: Any) -> int:
+            return sum(len(ws.actors) for ws in dask_scheduler.workers.values())
+
+        assert len(observer.scheduler_info(n_workers=-1)["workers"]) == 2
+        import time
+
+        deadline = time.monotonic() + 30
+        while observer.run_on_scheduler(actors):
+            assert time.monotonic() < deadline, "actors still alive after close()"
+            time.sleep(0.1)
