@@ -328,6 +328,8 @@ class KeepEnvWorkers(SchedulerPlugin):
     """
 
     name = "daskvec-keep-env-workers"
+    #: Registering it again (one per DaskVecEnv) keeps the first instance, silently.
+    idempotent = True
 
     @staticmethod
     def holds_envs(ws: Any) -> bool:

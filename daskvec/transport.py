@@ -65,6 +65,7 @@ _DIGEST_BYTES = 32
 _HANDSHAKE_TIMEOUT = 10.0
 _MAX_FRAMES = 1 << 16
 _MAX_FRAME_BYTES = 1 << 34
+_GRACE = 0.1
 
 
 class ChannelError(ConnectionError):
@@ -84,7 +85,7 @@ def _array_pid(obj: Any, frames: list[memoryview]) -> Any:
         return None
     if obj.nbytes >= OUT_OF_BAND_MIN_BYTES:
         arr = np.ascontiguousarray(obj)
-        frames.append(memoryview(arr).cast("B"))
+        frames.append(memoryview(arr.data).cast("B"))
         return ("F", arr.dtype.str, arr.shape, len(frames))
     return ("B", obj.dtype.str, obj.shape, obj.tobytes())
 
@@ -478,7 +479,9 @@ def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
     deadline = None if timeout is None else time.monotonic() + timeout
     out: list[Any] = []
     for ch in channels:
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        # once the deadline has passed, a reply that has already arrived must still be
+        # collected: give every later channel a short grace instead of nothing
+        remaining = None if deadline is None else max(deadline - time.monotonic(), _GRACE)
         try:
             out.append(ch.recv(remaining))
         except (ChannelError, TimeoutError) as e:
