@@ -532,9 +532,11 @@ class DaskVecEnv(VecEnv):
 
     @property
     def groups(self) -> list[dict[str, Any]]:
-        """One entry per env-group actor: its env indices, worker and transport."""
+        """One entry per env-group actor: its env indices, worker, transport and the
+        worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or ``None``)."""
         return [
-            {"envs": list(g.env_indices), "worker": g.worker, "transport": g.channel.kind, "key": g.gid}
+            {"envs": list(g.env_indices), "worker": g.worker, "transport": g.channel.kind, "key": g.gid,
+             "deadline": g.deadline}
             for g in self._groups
         ]
 
