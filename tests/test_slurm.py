@@ -121,9 +121,9 @@ class TestTwoJobs:
             # each group knows when its worker will go: within the job's walltime, after its lifetime margin
             now = time.time()
             assert plan.lifetime_s is not None
-            for g in env._groups:
-                assert g.deadline is not None
-                assert now < g.deadline <= now + plan.lifetime_s + plan.stagger_s
+            for g in env.groups:
+                assert g["deadline"] is not None
+                assert now < g["deadline"] <= now + plan.lifetime_s + plan.stagger_s
             env.seed(3)
             env.reset()
             for _ in range(20):
@@ -213,7 +213,7 @@ def test_envs_leave_a_worker_before_its_lifetime(slurm: None, tmp_path: Path) ->
         client.wait_for_workers(1, timeout=120)
         env = DaskVecEnv(cartpoles(2), client=client, timeout=60, migrate_before=10.0)
         (old_worker,) = {g["worker"] for g in env.groups}
-        old_deadline = env._groups[0].deadline
+        old_deadline = env.groups[0]["deadline"]
         assert old_deadline is not None and old_deadline - time.time() <= lifetime
         cluster.scale(jobs=2)  # a second, younger job: it outlives the first
         env.reset()
@@ -242,3 +242,23 @@ def test_envs_leave_a_worker_before_its_lifetime(slurm: None, tmp_path: Path) ->
             env.close()
         client.close()
         cluster.close()
+
+
+@pytest.mark.timeout(120)
+def test_worker_deadline_inside_a_slurm_job(slurm: None) -> None:
+    """Inside a job, a worker's deadline is the job's end (start + walltime) when it has no lifetime."""
+    probe = (
+        "import time, types; from daskvec.worker import worker_deadline; "
+        "print(time.time(), worker_deadline(types.SimpleNamespace(lifetime=None)), "
+        "worker_deadline(types.SimpleNamespace(lifetime=30)))"
+    )
+    before = time.time()
+    out = subprocess.run(["srun", "-t", "00:03:00", "-n", "1", sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    now, job_end, with_lifetime = (float(x) for x in out.stdout.split())
+    # squeue gives the end to the second: start + 3 minutes
+    assert before + 180 - 5 <= job_end <= now + 180 + 2
+    # a lifetime that ends earlier wins; it counts from the process start, so it is at most 30 s away
+    assert with_lifetime <= now + 30
+    assert with_lifetime < job_end

@@ -1,0 +1,99 @@
+"""Run every tutorial notebook top to bottom, with small step counts, and check what it shows.
+
+The notebooks read their sizes from ``DASKVEC_NB_*`` environment variables, which the
+kernel inherits from this process. Each runs in its own temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+
+
+def run_notebook(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **params: Any) -> Any:
+    """Execute ``notebooks/<name>`` in ``tmp_path`` with ``DASKVEC_NB_*`` parameters; return it."""
+    for key, value in params.items():
+        monkeypatch.setenv(f"DASKVEC_NB_{key.upper()}", str(value))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    return nb
+
+
+def text_of(nb: Any) -> str:
+    """All stream and text/plain outputs of an executed notebook."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(out["text"])
+            elif "data" in out and "text/plain" in out["data"]:
+                parts.append(out["data"]["text/plain"])
+    return "\n".join(parts)
+
+
+def images_in(nb: Any) -> int:
+    return sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_stripped(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [], f"{path.name}: outputs are not stripped"
+            assert cell["execution_count"] is None, f"{path.name}: execution counts are not stripped"
+
+
+@pytest.mark.timeout(300)
+def test_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = run_notebook("quickstart.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, ppo_n_steps=256,
+                      bench_steps=60, workers=2)
+    text = text_of(nb)
+    assert "dashboard: http" in text
+    assert "/daskvec" in text
+    assert "2048 timesteps" in text
+    # both vec envs were measured on both envs, and the two plots were drawn
+    for cls in ("SubprocVecEnv", "DaskVecEnv"):
+        assert text.count(cls) >= 2
+    assert images_in(nb) == 2
+
+
+@pytest.mark.timeout(300)
+def test_monitoring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = run_notebook("monitoring.ipynb", tmp_path, monkeypatch, envs=4, seconds=4)
+    text = text_of(nb)
+    assert "daskvec_steps_per_s" in text
+    assert "GET /daskvec -> 200" in text
+    assert "individual-daskvec" in text
+    assert "4 envs" in text  # the page's status line
+    assert images_in(nb) == 1
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_hpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_slurm import slurm_skip_reason
+
+    reason = slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug",
+                      walltime="00:10:00")
+    text = text_of(nb)
+    assert "#PBS -l walltime=04:00:00" in text
+    assert "#SBATCH -t 00:10:00" in text
+    assert "cancelled job" in text and "training finished at 2048" in text
+    assert "'reason': 'worker_lost'" in text
+    assert "envs moved:" in text
