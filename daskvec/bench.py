@@ -1009,7 +1009,16 @@ def run_benchmark(
         "cases": [],
         "dashboard": None,
         "files": {},
+        "complete": False,
     }
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+    def save_partial() -> None:
+        """Keep the JSON on disk current, so a long run that is interrupted still leaves its results."""
+        if out_dir is not None:
+            results["duration_s"] = time.perf_counter() - started
+            write_results(results, out_dir, plot=False, stamp=stamp)
+
     cores = _usable_cores()
     for scenario in chosen:
         sizes = [int(n) for n in n_envs] if n_envs else list(DEFAULT_ENVS[scenario])
@@ -1027,6 +1036,7 @@ def run_benchmark(
                     case_out["results"][kind] = _error_entry(kind, e)
             _add_ratios(case_out)
             results["cases"].append(case_out)
+            save_partial()
             continue
         for case in _cases(scenario, sizes, heavy_step_s):
             probe_env = case.make()
@@ -1043,6 +1053,7 @@ def run_benchmark(
                     case_out["results"][kind] = _error_entry(kind, e)
             _add_ratios(case_out)
             results["cases"].append(case_out)
+            save_partial()
     if dashboard:
         sizes = [int(n) for n in n_envs] if n_envs else [8]
         try:
@@ -1050,16 +1061,23 @@ def run_benchmark(
         except Exception as e:
             results["dashboard"] = {"available": False, **_error_entry("dask", e)}
     results["duration_s"] = time.perf_counter() - started
+    results["complete"] = True
     if out_dir is not None:
-        results["files"] = write_results(results, out_dir, plot=plot)
+        results["files"] = write_results(results, out_dir, plot=plot, stamp=stamp)
     return results
 
 
-def write_results(results: dict[str, Any], out_dir: str | os.PathLike[str], plot: bool = True) -> dict[str, str]:
-    """Write the results as JSON (and a PNG chart) into ``out_dir``; return the paths."""
+def write_results(
+    results: dict[str, Any], out_dir: str | os.PathLike[str], plot: bool = True, stamp: str | None = None
+) -> dict[str, str]:
+    """Write the results as JSON (and a PNG chart) into ``out_dir``; return the paths.
+
+    Files are named ``bench-<stamp>.json``/``.png`` (``stamp`` defaults to now) and
+    copied to ``latest.json``/``latest.png``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     files: dict[str, str] = {"json": str(out / f"bench-{stamp}.json")}
     if plot and results["cases"]:
         files["png"] = str(out / f"bench-{stamp}.png")
@@ -1231,7 +1249,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results", metavar="DIR",
                         help="directory for the JSON and PNG results (default bench-results)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
-    parser.add_argument("--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Raise Dask's and daskvec's loggers to WARNING while the benchmark runs.
+
+    The embedded cluster's scheduler and nannies live in this process; their INFO
+    lines would bury the table.
+    """
+    names = ["distributed", "daskvec"] + [
+        n for n in list(logging.root.manager.loggerDict) if n.startswith(("distributed.", "daskvec."))
+    ]
+    saved = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        log = logging.getLogger(n)
+        if log.getEffectiveLevel() < logging.WARNING:
+            log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1243,32 +1283,29 @@ def run(args: argparse.Namespace) -> int:
         0 when every measurement ran, 1 when any vec env failed (the others are still
         reported), 2 for invalid options.
     """
-    if not getattr(args, "verbose", False):
-        # the embedded cluster's scheduler and nannies live in this process: keep their INFO lines out of the table
-        for name in ("distributed", "daskvec"):
-            log = logging.getLogger(name)
-            log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+    quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
     try:
-        results = run_benchmark(
-            scenarios=args.scenario,
-            vec_envs=args.vec_envs,
-            n_envs=args.envs,
-            seconds=args.seconds,
-            steps=args.steps,
-            warmup=args.warmup,
-            repeat=args.repeat,
-            seed=args.seed,
-            scheduler=args.scheduler,
-            transport=args.transport,
-            subproc_start_method=args.subproc_start_method,
-            async_context=args.async_context,
-            training_timesteps=args.timesteps,
-            eval_episodes=args.eval_episodes,
-            dashboard=args.dashboard,
-            dashboard_route=args.dashboard_route,
-            out_dir=args.out,
-            plot=not args.no_plot,
-        )
+        with quiet:
+            results = run_benchmark(
+                scenarios=args.scenario,
+                vec_envs=args.vec_envs,
+                n_envs=args.envs,
+                seconds=args.seconds,
+                steps=args.steps,
+                warmup=args.warmup,
+                repeat=args.repeat,
+                seed=args.seed,
+                scheduler=args.scheduler,
+                transport=args.transport,
+                subproc_start_method=args.subproc_start_method,
+                async_context=args.async_context,
+                training_timesteps=args.timesteps,
+                eval_episodes=args.eval_episodes,
+                dashboard=args.dashboard,
+                dashboard_route=args.dashboard_route,
+                out_dir=args.out,
+                plot=not args.no_plot,
+            )
     except ValueError as e:
         print(f"daskvec bench: {e}", file=sys.stderr)
         return 2

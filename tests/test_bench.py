@@ -47,6 +47,7 @@ def _check_files(results: dict[str, Any], out: Path) -> dict[str, Any]:
     on_disk = json.loads(Path(files["json"]).read_text())
     assert on_disk == json.loads((out / "latest.json").read_text())
     assert on_disk["files"] == files
+    assert on_disk["complete"] is True
     return on_disk
 
 
