@@ -225,8 +225,10 @@ def test_envs_leave_a_worker_before_its_lifetime(slurm: None, tmp_path: Path) ->
             _, _, dones, infos = env.step(np.zeros(2, dtype=np.int64))
             for i, info in enumerate(infos):
                 if info.get("daskvec", {}).get("reason") == "moved":
-                    assert dones[i] and info["TimeLimit.truncated"]
+                    # a truncation, unless the episode happened to terminate on this very step
+                    assert dones[i]
                     assert "terminal_observation" in info
+                    assert "TimeLimit.truncated" in info
                     moved_infos.append(info["daskvec"])
         for _ in range(10):
             env.step(np.zeros(2, dtype=np.int64))
