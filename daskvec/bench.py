@@ -1061,6 +1061,7 @@ def run_benchmark(
         except Exception as e:
             results["dashboard"] = {"available": False, **_error_entry("dask", e)}
     results["duration_s"] = time.perf_counter() - started
+    results["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     results["complete"] = True
     if out_dir is not None:
         results["files"] = write_results(results, out_dir, plot=plot, stamp=stamp)
@@ -1152,6 +1153,12 @@ def format_table(results: dict[str, Any]) -> str:
         f"machine: {m['cpu']}, {m['cores_usable']} usable cores, {m['memory_gb']} GB, Python {m['python']}, "
         f"load average at start {_fmt((m.get('load_average') or [None])[0], '.2f')}"
     )
+    loads = [(m.get("load_average") or [0.0])[0], (results.get("load_average_end") or [0.0])[0]]
+    if max(loads) > 0.5 * (m.get("cores_usable") or 1):
+        lines.append(
+            f"WARNING: the machine was busy (1-min load average {loads[0]:.1f} at start, {loads[1]:.1f} at end, "
+            f"{m.get('cores_usable')} cores): other processes competed for the CPU, figures and ratios are unreliable"
+        )
     lines.append("training rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time of the run;"
                  " 'x Subproc' above 1 is faster for env-steps/s, below 1 is faster for times.")
     return "\n".join(lines)
