@@ -305,7 +305,10 @@ class DaskVecEnv(VecEnv):
         first = self._describe[self._groups[0].gid]
         super().__init__(n_envs, first["observation_space"], first["action_space"])
         self.keys, shapes, dtypes = obs_space_info(self.observation_space)
-        self.buf_obs = {k: np.zeros((n_envs, *tuple(shapes[k])), dtype=dtypes[k]) for k in self.keys}
+        # keyed like SB3's DummyVecEnv: None for a single array, names for Dict, ints for Tuple
+        self.buf_obs: dict[Any, np.ndarray] = {
+            k: np.zeros((n_envs, *tuple(shapes[k])), dtype=dtypes[k]) for k in self.keys
+        }
         self.buf_rews = np.zeros(n_envs, dtype=np.float32)
         self.buf_dones = np.zeros(n_envs, dtype=bool)
         self.buf_infos: list[dict[str, Any]] = [{} for _ in range(n_envs)]
@@ -432,12 +435,16 @@ class DaskVecEnv(VecEnv):
                 for indices, worker, token, key, fut in attempt:
                     remaining = max(deadline - time.monotonic(), 1.0)
                     try:
-                        actor = self._await_actor(fut, worker, min(self.timeout, remaining))
+                        # as_current: the Actor proxy binds to the client current when it is
+                        # unpickled; without it a client made with set_as_default=False is not found
+                        with self.client.as_current():
+                            actor = self._await_actor(fut, worker, min(self.timeout, remaining))
                         desc = actor.describe().result(timeout=min(self.timeout, remaining))
                     except Exception as e:
                         if not _is_placement_failure(e):
-                            with contextlib.suppress(Exception):
-                                fut.cancel()
+                            for *_, other in attempt:  # a factory raised: drop every group of this attempt
+                                with contextlib.suppress(Exception):
+                                    other.cancel()
                             raise
                         logger.warning("could not create env group %s on %s (%s); trying another worker",
                                        indices, worker, e)
@@ -639,6 +646,7 @@ class DaskVecEnv(VecEnv):
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         """Return RGB images from each environment (see base class)."""
+        self._check_idle()
         if self.render_mode != "rgb_array":
             warnings.warn(
                 f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images.",
@@ -682,7 +690,7 @@ class DaskVecEnv(VecEnv):
         for i, s in enumerate(seeds):
             if s is not None:
                 self._base_seeds[i] = int(s)
-        for _attempt in range(3):
+        for attempt in range(4):
             requests = {
                 g.gid: ("reset", ([seeds[i] for i in g.env_indices], [options[i] for i in g.env_indices]))
                 for g in self._groups
@@ -700,6 +708,13 @@ class DaskVecEnv(VecEnv):
                 self._sync_error_restarts(g, value["restarts"])
             if not lost:
                 break
+            if attempt == 3:
+                indices = [i for g in lost for i in g.env_indices]
+                raise WorkerLostError(
+                    f"reset() kept losing the workers of envs {indices}; check the cluster's health",
+                    env_indices=indices,
+                    worker=lost[0].worker,
+                )
             # rebuilt groups come back reset with restart seeds; the next pass resets
             # every group again with the user's seeds and options
             self._handle_lost(lost, replies, during="reset")
@@ -754,11 +769,16 @@ class DaskVecEnv(VecEnv):
             self._write_obs(g, value["obs"])
             self.buf_rews[g.index] = value["rewards"]
             self.buf_dones[g.index] = value["dones"]
-            for pos, i in enumerate(g.env_indices):
-                self.buf_infos[i] = value["infos"][pos]
+            if isinstance(g.index, slice):
+                self.buf_infos[g.index] = value["infos"]
+            else:
+                for pos, i in enumerate(g.env_indices):
+                    self.buf_infos[i] = value["infos"][pos]
             for pos, info in value["reset_infos"].items():
                 self.reset_infos[g.env_indices[pos]] = info
-            self._sync_error_restarts(g, value["restarts"])
+            if value["restarts"] != g.extra.get("restarts"):
+                g.extra["restarts"] = value["restarts"]
+                self._sync_error_restarts(g, value["restarts"])
             env_seconds = max(env_seconds, value["env_seconds"])
         if self._pending_reports:
             self._report_pending()
@@ -770,7 +790,8 @@ class DaskVecEnv(VecEnv):
             self._handle_lost(lost, results, during="step")
         self._maybe_migrate()
         self._maybe_publish()
-        return (self._obs_from_buf(), np.copy(self.buf_rews), np.copy(self.buf_dones), [dict(i) for i in self.buf_infos])
+        # the info dicts are fresh objects decoded for this step, so a shallow list copy is enough
+        return (self._obs_from_buf(), np.copy(self.buf_rews), np.copy(self.buf_dones), list(self.buf_infos))
 
     def _sync_error_restarts(self, g: _Group, restarts: list[int]) -> None:
         for pos, count in enumerate(restarts):
