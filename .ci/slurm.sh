@@ -21,9 +21,13 @@ WAIT_S=${DASKVEC_SLURM_WAIT:-30}
 log() { echo "slurm.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 
-alive() { # alive NAME -> 0 if the daemon we started under NAME still runs
-    local f="$STATE_DIR/$1.pid"
-    [ -s "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+alive() { # alive NAME -> 0 if the daemon we started under NAME still runs (not a zombie, not a reused PID)
+    local f="$STATE_DIR/$1.pid" pid
+    [ -s "$f" ] || return 1
+    pid=$(cat "$f")
+    kill -0 "$pid" 2>/dev/null || return 1
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ]
 }
 
 node_state() { sinfo -h -o %T 2>/dev/null | head -n1 || true; }
