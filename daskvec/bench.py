@@ -1017,6 +1017,7 @@ def run_benchmark(
         """Keep the JSON on disk current, so a long run that is interrupted still leaves its results."""
         if out_dir is not None:
             results["duration_s"] = time.perf_counter() - started
+            results["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
             write_results(results, out_dir, plot=False, stamp=stamp)
 
     cores = _usable_cores()
