@@ -80,6 +80,7 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
     One single-threaded worker process per core: env groups on one worker share its
     GIL, so processes, not threads, give parallel stepping.
     """
+    import dask
     from distributed import LocalCluster
 
     n = n_workers or max(os.cpu_count() or 1, 1)
@@ -91,7 +92,21 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
         "silence_logs": logging.WARNING,
     }
     opts.update(kwargs)
-    return LocalCluster(**opts)
+    # The workers are handed this config when they start. It quiets the periodic work
+    # of their event loops, which competes for the GIL with the envs' stepping thread:
+    # an idle worker's loop uses ~5% of a core with the defaults, ~2% with these.
+    with dask.config.set(EMBEDDED_WORKER_CONFIG):
+        return LocalCluster(**opts)
+
+
+#: Dask config of the embedded cluster's workers (see :func:`embedded_cluster`). Actor
+#: methods never appear in Dask's profiles, so sampling them every 10 ms buys nothing.
+EMBEDDED_WORKER_CONFIG: dict[str, Any] = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.worker.memory.monitor-interval": "1s",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.admin.tick.interval": "200ms",
+}
 
 
 def resolve_client(

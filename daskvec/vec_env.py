@@ -108,7 +108,10 @@ def _raise_remote(payload: dict[str, Any]) -> None:
         exc = RemoteEnvError(f"{payload['type']}: {payload['message']}", remote_type=payload["type"])
     index = payload.get("env_index")
     where = f"env {index}" if index is not None else "an env group"
-    note = f"daskvec: raised by {where} on worker {payload.get('worker')}\n--- remote traceback ---\n{payload.get('traceback', '')}"
+    note = (
+        f"daskvec: raised by {where} on worker {payload.get('worker')}\n"
+        f"--- remote traceback ---\n{payload.get('traceback', '')}"
+    )
     if hasattr(exc, "add_note"):
         exc.add_note(note)
     with contextlib.suppress(Exception):
@@ -281,7 +284,9 @@ class DaskVecEnv(VecEnv):
         self._pending_reports: dict[int, tuple[dict[str, Any], Any]] = {}
         self._next_migrate_check = 0.0
 
-        self._resolved = _cluster.resolve_client(client, connect_timeout=min(self.timeout, 30.0), cluster_kwargs=cluster_kwargs)
+        self._resolved = _cluster.resolve_client(
+            client, connect_timeout=min(self.timeout, 30.0), cluster_kwargs=cluster_kwargs
+        )
         self.client = self._resolved.client
         if transport == "direct" and _cluster.uses_tls(self.client):
             self._resolved.close()
@@ -314,8 +319,13 @@ class DaskVecEnv(VecEnv):
         self.buf_infos: list[dict[str, Any]] = [{} for _ in range(n_envs)]
         self._actions: Any = None
         self._has_obs = False
-        logger.info("DaskVecEnv: %d envs in %d groups over %d workers (%s transport)",
-                    n_envs, len(self._groups), len({g.worker for g in self._groups}), self.transport_summary())
+        logger.info(
+            "DaskVecEnv: %d envs in %d groups over %d workers (%s transport)",
+            n_envs,
+            len(self._groups),
+            len({g.worker for g in self._groups}),
+            self.transport_summary(),
+        )
 
     # ------------------------------------------------------------------ checks
     @staticmethod
@@ -375,8 +385,11 @@ class DaskVecEnv(VecEnv):
         try:
             self.client.register_plugin(_cluster.KeepEnvWorkers(), name=_cluster.KeepEnvWorkers.name)
         except Exception as e:  # e.g. a scheduler that cannot import daskvec
-            logger.warning("could not register the scale-down plugin on the scheduler (%s); "
-                           "adaptive scale-down may close workers holding envs", e)
+            logger.warning(
+                "could not register the scale-down plugin on the scheduler (%s); "
+                "adaptive scale-down may close workers holding envs",
+                e,
+            )
 
     def _eligible(self) -> list[str]:
         info = self.client.scheduler_info(n_workers=-1)
@@ -389,8 +402,11 @@ class DaskVecEnv(VecEnv):
             if found:
                 return found
             if time.monotonic() > deadline:
-                what = "workers" if not (self.workers_filter or self.resources) else (
-                    f"workers matching workers={self.workers_filter} resources={self.resources}")
+                what = (
+                    "workers"
+                    if not (self.workers_filter or self.resources)
+                    else (f"workers matching workers={self.workers_filter} resources={self.resources}")
+                )
                 raise WorkerLostError(
                     f"no eligible {what} appeared within worker_wait_timeout={self.worker_wait_timeout:.0f}s; "
                     "start workers or relax the placement options",
@@ -446,8 +462,9 @@ class DaskVecEnv(VecEnv):
                                 with contextlib.suppress(Exception):
                                     other.cancel()
                             raise
-                        logger.warning("could not create env group %s on %s (%s); trying another worker",
-                                       indices, worker, e)
+                        logger.warning(
+                            "could not create env group %s on %s (%s); trying another worker", indices, worker, e
+                        )
                         with contextlib.suppress(Exception):
                             fut.cancel()
                         bad.add(worker)
@@ -542,8 +559,13 @@ class DaskVecEnv(VecEnv):
         """One entry per env-group actor: its env indices, worker, transport and the
         worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or ``None``)."""
         return [
-            {"envs": list(g.env_indices), "worker": g.worker, "transport": g.channel.kind, "key": g.gid,
-             "deadline": g.deadline}
+            {
+                "envs": list(g.env_indices),
+                "worker": g.worker,
+                "transport": g.channel.kind,
+                "key": g.gid,
+                "deadline": g.deadline,
+            }
             for g in self._groups
         ]
 
@@ -585,7 +607,9 @@ class DaskVecEnv(VecEnv):
             out.append(j % self.num_envs)
         return out
 
-    def _per_env(self, cmd: str, make_args: Callable[[list[int]], tuple[Any, ...]], indices: VecEnvIndices) -> list[Any]:
+    def _per_env(
+        self, cmd: str, make_args: Callable[[list[int]], tuple[Any, ...]], indices: VecEnvIndices
+    ) -> list[Any]:
         """Run an attribute-style command on the selected envs; results in the requested order."""
         self._check_idle()
         wanted = self._positions(indices)
@@ -628,11 +652,15 @@ class DaskVecEnv(VecEnv):
         """Set attribute inside vectorized environments (see base class)."""
         self._per_env("set_attr", lambda p: (attr_name, value, p), indices)
 
-    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list[Any]:
+    def env_method(
+        self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any
+    ) -> list[Any]:
         """Call instance methods of vectorized environments (see base class)."""
         return self._per_env("env_method", lambda p: (method_name, method_args, method_kwargs, p), indices)
 
-    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper[Any, Any, Any, Any]], indices: VecEnvIndices = None) -> list[bool]:
+    def env_is_wrapped(
+        self, wrapper_class: type[gym.Wrapper[Any, Any, Any, Any]], indices: VecEnvIndices = None
+    ) -> list[bool]:
         """Check if worker environments are wrapped with a given wrapper (see base class)."""
         return self._per_env("is_wrapped", lambda p: (wrapper_class, p), indices)
 
@@ -821,18 +849,27 @@ class DaskVecEnv(VecEnv):
             self._teardown_groups(lost, graceful=False)
             self._groups = [x for x in self._groups if x not in lost]
             cls = StepTimeoutError if reasons[g.gid] == "timeout" else WorkerLostError
-            what = (f"did not answer within {self.step_timeout if during == 'step' else self.timeout:.1f}s"
-                    if cls is StepTimeoutError else f"was lost ({exc})")
+            what = (
+                f"did not answer within {self.step_timeout if during == 'step' else self.timeout:.1f}s"
+                if cls is StepTimeoutError
+                else f"was lost ({exc})"
+            )
             err = cls(f"the worker {g.worker} holding envs {indices} {what}", env_indices=indices, worker=g.worker)
             self._broken = err
             raise err from (exc if isinstance(exc, BaseException) else None)
         for g in lost:
-            logger.warning("envs %s on worker %s %s (%s); rebuilding them", g.env_indices, g.worker,
-                           "timed out" if reasons[g.gid] == "timeout" else "were lost", results.get(g.gid))
+            logger.warning(
+                "envs %s on worker %s %s (%s); rebuilding them",
+                g.env_indices,
+                g.worker,
+                "timed out" if reasons[g.gid] == "timeout" else "were lost",
+                results.get(g.gid),
+            )
         self._relocate(lost, {g.gid: reasons[g.gid] for g in lost}, during=during)
 
-    def _relocate(self, old: list[_Group], reasons: dict[str, str], during: str,
-                  layout: list[tuple[list[int], str]] | None = None) -> None:
+    def _relocate(
+        self, old: list[_Group], reasons: dict[str, str], during: str, layout: list[tuple[list[int], str]] | None = None
+    ) -> None:
         """Replace the ``old`` groups by new ones holding the same envs, and report it.
 
         Each rebuilt env is reset with :func:`~daskvec.worker.restart_seed` and, when
@@ -876,7 +913,8 @@ class DaskVecEnv(VecEnv):
             spawned = self._spawn(layout, exclude=sorted(bad))
             self._groups.extend(spawned)
             requests: dict[str, tuple[str, tuple[Any, ...]]] = {
-                g.gid: ("reset", ([seeds[i] for i in g.env_indices], [{} for _ in g.env_indices])) for g in spawned}
+                g.gid: ("reset", ([seeds[i] for i in g.env_indices], [{} for _ in g.env_indices])) for g in spawned
+            }
             replies = self._call_groups(requests, self.timeout)
             failed = [g for g in spawned if isinstance(replies[g.gid], BaseException)]
             for g in spawned:
@@ -890,16 +928,22 @@ class DaskVecEnv(VecEnv):
             if not failed:
                 break
             # the worker died again while the envs were being rebuilt: place them once more
-            logger.warning("envs %s were lost again while being rebuilt on %s (%s); retrying",
-                           [i for g in failed for i in g.env_indices], sorted({g.worker for g in failed}),
-                           [replies[g.gid] for g in failed])
+            logger.warning(
+                "envs %s were lost again while being rebuilt on %s (%s); retrying",
+                [i for g in failed for i in g.env_indices],
+                sorted({g.worker for g in failed}),
+                [replies[g.gid] for g in failed],
+            )
             self._teardown_groups(failed, graceful=False)
             self._groups = [g for g in self._groups if g not in failed]
             bad |= {g.worker for g in failed}
             if attempt == 3:
                 indices = sorted(i for g in failed for i in g.env_indices)
-                err = WorkerLostError(f"the envs {indices} were lost again each time they were rebuilt",
-                                      env_indices=indices, worker=failed[0].worker)
+                err = WorkerLostError(
+                    f"the envs {indices} were lost again each time they were rebuilt",
+                    env_indices=indices,
+                    worker=failed[0].worker,
+                )
                 self._broken = err
                 raise err
             layout = self._place([list(g.env_indices) for g in failed], avoid=bad, fallback=set())
@@ -915,8 +959,15 @@ class DaskVecEnv(VecEnv):
                     "seed": seeds[i],
                 }
                 self.reset_infos[i][INFO_KEY] = marker
-                self.restart_log.append({"env": i, "reason": reason_of[i], "worker": g.worker,
-                                         "from_worker": worker_of[i], "step": self._steps})
+                self.restart_log.append(
+                    {
+                        "env": i,
+                        "reason": reason_of[i],
+                        "worker": g.worker,
+                        "from_worker": worker_of[i],
+                        "step": self._steps,
+                    }
+                )
                 if during == "call" and i in terminal:
                     # lost during get_attr/env_method: the learner sees the truncation at the next step
                     self._pending_reports[i] = (marker, terminal[i])
@@ -989,8 +1040,9 @@ class DaskVecEnv(VecEnv):
         if moves is None:
             return
         old, layout = moves
-        logger.info("moving envs %s off %s", sorted(i for g in old for i in g.env_indices),
-                    sorted({g.worker for g in old}))
+        logger.info(
+            "moving envs %s off %s", sorted(i for g in old for i in g.env_indices), sorted({g.worker for g in old})
+        )
         self._relocate(old, {g.gid: "moved" for g in old}, during=during, layout=layout)
 
     def _plan_migration(self, leaving: list[_Group], now: float) -> _Moves | None:
@@ -998,8 +1050,11 @@ class DaskVecEnv(VecEnv):
         staying = [w for w in self._eligible() if not self._leaving(w, now)]
         if not staying:
             self._next_migrate_check = time.monotonic() + 5.0
-            logger.warning("envs %s are on workers that leave within %.0fs, and no other worker can take them yet",
-                           sorted(i for g in leaving for i in g.env_indices), self.migrate_before)
+            logger.warning(
+                "envs %s are on workers that leave within %.0fs, and no other worker can take them yet",
+                sorted(i for g in leaving for i in g.env_indices),
+                self.migrate_before,
+            )
             return None
         env_groups = [list(g.env_indices) for g in leaving]
         load = {w: k for w, k in self._load().items() if w in staying}
@@ -1109,7 +1164,8 @@ class DaskVecEnv(VecEnv):
         links = (
             f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'
             f' (daskvec page: <a href="{escape(page or "")}" target="_blank">{escape(page or "")}</a>)'
-            if link else "unknown"
+            if link
+            else "unknown"
         )
         rows = "".join(
             f"<tr><td style='text-align:left'>{escape(w)}</td><td>{sum(len(g['envs']) for g in gs)}</td>"

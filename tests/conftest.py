@@ -62,8 +62,16 @@ class DaskProcesses:
     def add_worker(self, *extra: str) -> subprocess.Popen[bytes]:
         """Start one more ``dask worker`` process (no nanny, so SIGKILL kills it for good)."""
         cmd = [
-            sys.executable, "-m", "distributed.cli.dask_worker", self.address,
-            "--nthreads", "1", "--no-nanny", "--no-dashboard", *self.worker_args, *extra,
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_worker",
+            self.address,
+            "--nthreads",
+            "1",
+            "--no-nanny",
+            "--no-dashboard",
+            *self.worker_args,
+            *extra,
         ]
         p = subprocess.Popen(cmd, cwd=self.cwd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.workers.append(p)
@@ -107,9 +115,22 @@ def start_dask_processes(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
     scheduler = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
-         "--dashboard-address", ":0", *scheduler_args],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-address",
+            ":0",
+            *scheduler_args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     procs = DaskProcesses(address, scheduler, cwd=tmp_path, worker_args=list(worker_args), env=env)
     deadline = time.monotonic() + 60
@@ -133,7 +154,9 @@ def dask_processes(tmp_path: Path) -> Iterator[object]:
     """Factory fixture: ``dask_processes(n)`` starts a scheduler and ``n`` workers."""
     started: list[DaskProcesses] = []
 
-    def start(n_workers: int = 2, scheduler_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> DaskProcesses:
+    def start(
+        n_workers: int = 2, scheduler_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()
+    ) -> DaskProcesses:
         p = start_dask_processes(n_workers, tmp_path, scheduler_args, worker_args)
         started.append(p)
         return p
