@@ -74,6 +74,18 @@ def _default_client() -> Any:
         return None
 
 
+def _dashboard_address(preferred: int = 8787) -> str:
+    """Dask's usual dashboard port when it is free, else any free port (without Dask's warning)."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", preferred))
+        except OSError:
+            return ":0"
+    return f":{preferred}"
+
+
 def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
     """Start the multi-process ``LocalCluster`` daskvec uses when given no cluster.
 
@@ -88,7 +100,7 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
         "n_workers": n,
         "threads_per_worker": 1,
         "processes": True,
-        "dashboard_address": ":8787",
+        "dashboard_address": _dashboard_address(),
         "silence_logs": logging.WARNING,
     }
     opts.update(kwargs)
