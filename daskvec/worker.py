@@ -319,7 +319,19 @@ class EnvGroup:
     def _fail(self, pos: int, exc: BaseException) -> _EnvFailure:
         return _EnvFailure(_error_payload(exc, self.env_indices[pos], self.worker_address))
 
-    def _restart(self, pos: int, exc: BaseException, last_obs: Any) -> tuple[Any, dict[str, Any]]:
+    def _recover(self, pos: int, exc: Exception) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """Handle an env's exception by the group's policy: raise it, or rebuild the env.
+
+        Returns the rebuilt env's first observation, the step info reporting the
+        truncation, and its reset info.
+        """
+        self.stats.errors += 1
+        if self.on_env_error != "restart":
+            raise self._fail(pos, exc) from exc
+        last_obs = None if self._last_obs is None else _row(self._last_obs, pos)
+        return self._restart(pos, exc, last_obs)
+
+    def _restart(self, pos: int, exc: BaseException, last_obs: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         index = self.env_indices[pos]
         self.restarts[pos] += 1
         count = self.restarts[pos]
@@ -358,7 +370,7 @@ class EnvGroup:
         reset_info = dict(reset_info)
         reset_info[INFO_KEY] = marker
         self._returns[pos] = 0.0
-        return obs, info | {"_reset_info": reset_info}
+        return obs, info, reset_info
 
     def _step(self, actions: Any) -> dict[str, Any]:
         n = len(self.envs)
@@ -383,12 +395,7 @@ class EnvGroup:
             except _EnvFailure:
                 raise
             except Exception as e:
-                self.stats.errors += 1
-                if self.on_env_error != "restart":
-                    raise self._fail(pos, e) from e
-                last = None if self._last_obs is None else _row(self._last_obs, pos)
-                obs, info = self._restart(pos, e, last)
-                reset_infos[pos] = info.pop("_reset_info")
+                obs, info, reset_infos[pos] = self._recover(pos, e)
                 rew, done = 0.0, True
             obs_list[pos] = obs
             rewards[pos] = rew
@@ -415,12 +422,8 @@ class EnvGroup:
                 return env.reset(seed=seed, options=options)
             return env.reset(seed=seed)
         except Exception as e:
-            self.stats.errors += 1
-            if self.on_env_error != "restart":
-                raise self._fail(pos, e) from e
-            last = None if self._last_obs is None else _row(self._last_obs, pos)
-            obs, info = self._restart(pos, e, last)
-            return obs, info.pop("_reset_info")
+            obs, _, reset_info = self._recover(pos, e)
+            return obs, reset_info
 
     def _reset(self, seeds: list[int | None], options: list[dict[str, Any]]) -> dict[str, Any]:
         obs_list = []
