@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import types
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -181,15 +181,6 @@ def uses_tls(client: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- placement
-@dataclass
-class GroupPlan:
-    """Which envs one group holds and the worker it is meant for."""
-
-    env_indices: list[int]
-    worker: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def eligible_workers(
     scheduler_info: dict[str, Any],
     workers: Sequence[str] | None = None,
@@ -243,11 +234,6 @@ def assign_workers(groups: list[list[int]], workers: Sequence[str], load: dict[s
     for g, w in out:
         result[g] = w
     return result
-
-
-def target_worker_count(n_envs: int, n_workers: int) -> int:
-    """How many workers a balanced layout of ``n_envs`` uses."""
-    return max(1, min(n_envs, n_workers))
 
 
 # --------------------------------------------------------------------------- pickling

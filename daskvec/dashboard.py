@@ -536,18 +536,17 @@ class PrometheusCollector:
             "env_errors": ("errors", "Exceptions raised by envs on the worker"),
             "env_restarts": ("restarts", "Envs rebuilt on the worker"),
         }
-        for name, (col, doc) in gauges.items():
-            fam = GaugeMetricFamily(self._name(name), doc, labels=["worker"])
-            for snap in snaps:
-                for addr, v in zip(snap.workers["address"], snap.workers[col], strict=True):
-                    fam.add_metric([addr], float(v))
-            yield fam
-        for name, (col, doc) in counters.items():
-            cfam = CounterMetricFamily(self._name(name), doc, labels=["worker"])
-            for snap in snaps:
-                for addr, v in zip(snap.workers["address"], snap.workers[col], strict=True):
-                    cfam.add_metric([addr], float(v))
-            yield cfam
+        families: tuple[tuple[Any, dict[str, tuple[str, str]]], ...] = (
+            (GaugeMetricFamily, gauges),
+            (CounterMetricFamily, counters),
+        )
+        for family, specs in families:
+            for name, (col, doc) in specs.items():
+                fam = family(self._name(name), doc, labels=["worker"])
+                for snap in snaps:
+                    for addr, v in zip(snap.workers["address"], snap.workers[col], strict=True):
+                        fam.add_metric([addr], float(v))
+                yield fam
         lat = GaugeMetricFamily(
             self._name("step_latency_seconds"),
             "Time of one env-group step inside the envs, by quantile over a recent window",

@@ -70,12 +70,10 @@ class GroupStats:
         self.latencies: deque[float] = deque(maxlen=_WINDOW)
         self.returns: deque[float] = deque(maxlen=100)
         self._rate_marks: deque[tuple[float, int]] = deque(maxlen=256)
-        self.env_seconds = 0.0
 
     def record_step(self, n_envs: int, seconds: float) -> None:
         """Record one group step call of ``n_envs`` envs that took ``seconds``."""
         self.steps += n_envs
-        self.env_seconds += seconds
         self.latencies.append(seconds)
         now = time.monotonic()
         marks = self._rate_marks

@@ -90,22 +90,23 @@ def _array_pid(obj: Any, frames: list[memoryview]) -> Any:
     return ("B", obj.dtype.str, obj.shape, obj.tobytes())
 
 
-class _Pickler(pickle.Pickler):
+class _ArrayPickling:
+    """Pickler mix-in: NumPy arrays become persistent ids (see :func:`_array_pid`)."""
+
     def __init__(self, file: io.BytesIO, frames: list[memoryview]) -> None:
-        super().__init__(file, protocol=5)
+        super().__init__(file, protocol=5)  # type: ignore[call-arg]
         self._frames = frames
 
     def persistent_id(self, obj: Any) -> Any:
         return _array_pid(obj, self._frames)
 
 
-class _CloudPickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, frames: list[memoryview]) -> None:
-        super().__init__(file, protocol=5)
-        self._frames = frames
+class _Pickler(_ArrayPickling, pickle.Pickler):
+    """The fast C pickler, for messages of plain data."""
 
-    def persistent_id(self, obj: Any) -> Any:
-        return _array_pid(obj, self._frames)
+
+class _CloudPickler(_ArrayPickling, cloudpickle.Pickler):
+    """The fallback for what plain pickle cannot handle (lambdas, classes from ``__main__``)."""
 
 
 class _Unpickler(pickle.Unpickler):

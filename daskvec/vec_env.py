@@ -21,7 +21,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -66,7 +66,7 @@ _POLICIES_ERROR = ("raise", "restart")
 _STATS_INTERVAL = 2.0
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
 class _Group:
     """Client-side handle of one env-group actor."""
 
@@ -79,8 +79,7 @@ class _Group:
     deadline: float | None = None
     index: Any = None  # slice or index array into the vec env's buffers
     failed: BaseException | None = None
-    move_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    last_restarts: list[int] | None = None  # the worker's crash-restart counts last synced
 
     def __post_init__(self) -> None:
         idx = self.env_indices
@@ -276,7 +275,6 @@ class DaskVecEnv(VecEnv):
         self._steps = 0
         self._last_stats = time.monotonic()
         self._last_rebalance_check = time.monotonic()
-        self._factory_blobs: dict[int, bytes] = {}
         # fault tolerance (see the "fault tolerance" section)
         self._broken: BaseException | None = None
         self._worker_deadlines: dict[str, float | None] = {}
@@ -317,7 +315,6 @@ class DaskVecEnv(VecEnv):
         self.buf_rews = np.zeros(n_envs, dtype=np.float32)
         self.buf_dones = np.zeros(n_envs, dtype=bool)
         self.buf_infos: list[dict[str, Any]] = [{} for _ in range(n_envs)]
-        self._actions: Any = None
         self._has_obs = False
         logger.info(
             "DaskVecEnv: %d envs in %d groups over %d workers (%s transport)",
@@ -760,7 +757,6 @@ class DaskVecEnv(VecEnv):
                 f"got {n if n >= 0 else 'a non-sequence of'} actions for {self.num_envs} envs; "
                 "pass one action per env (an array whose first axis has length num_envs)"
             )
-        self._actions = actions
         arr = actions if isinstance(actions, np.ndarray) else None
         self.timer.sent()
         for g in self._groups:
@@ -804,8 +800,8 @@ class DaskVecEnv(VecEnv):
                     self.buf_infos[i] = value["infos"][pos]
             for pos, info in value["reset_infos"].items():
                 self.reset_infos[g.env_indices[pos]] = info
-            if value["restarts"] != g.extra.get("restarts"):
-                g.extra["restarts"] = value["restarts"]
+            if value["restarts"] != g.last_restarts:
+                g.last_restarts = value["restarts"]
                 self._sync_error_restarts(g, value["restarts"])
             env_seconds = max(env_seconds, value["env_seconds"])
         if self._pending_reports:

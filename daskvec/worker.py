@@ -242,7 +242,6 @@ class EnvGroup:
             "env_method": self._env_method,
             "is_wrapped": self._is_wrapped,
             "render": self._render,
-            "ping": self._ping,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -464,9 +463,6 @@ class EnvGroup:
 
     def _render(self, positions: Sequence[int]) -> list[Any]:
         return self._each(positions, lambda env: env.render())
-
-    def _ping(self) -> dict[str, Any]:
-        return {"worker": self.worker_address, "deadline": self.deadline}
 
     def __repr__(self) -> str:
         return f"EnvGroup(envs={self.env_indices}, worker={self.worker_address!r})"
