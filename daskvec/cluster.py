@@ -181,6 +181,17 @@ def uses_tls(client: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- placement
+def scheduler_workers(client: Any) -> dict[str, Any]:
+    """The scheduler's current view of every worker: ``{address: worker info}``.
+
+    This asks the scheduler directly. ``Client.scheduler_info()`` returns a cache that
+    the client's own periodic refresh rewrites, without per-worker entries, from its
+    event loop thread; read right after a fetch it can come back with no workers at all.
+    """
+    identity = client.sync(client.scheduler.identity, n_workers=-1)
+    return dict(identity.get("workers", {}))
+
+
 def eligible_workers(
     scheduler_info: dict[str, Any],
     workers: Sequence[str] | None = None,

@@ -389,7 +389,7 @@ class DaskVecEnv(VecEnv):
             )
 
     def _eligible(self) -> list[str]:
-        info = self.client.scheduler_info(n_workers=-1)
+        info = {"workers": _cluster.scheduler_workers(self.client)}
         return _cluster.eligible_workers(info, self.workers_filter, self.resources)
 
     def _wait_for_workers(self, exclude: Sequence[str]) -> list[str]:
@@ -503,7 +503,7 @@ class DaskVecEnv(VecEnv):
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
-            if worker not in self.client.scheduler_info(n_workers=-1).get("workers", {}):
+            if worker not in _cluster.scheduler_workers(self.client):
                 raise OSError(f"worker {worker} left before the env group was created on it")
 
     def _connect(self, actor: Any, desc: dict[str, Any], token: bytes | None) -> Channel:

@@ -20,6 +20,7 @@ from envs import SPACE_KINDS, CountingEnv, SpaceEnv, assert_same
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from daskvec import DaskVecEnv
+from daskvec.cluster import scheduler_workers
 
 N_ENVS = 4
 
@@ -51,7 +52,7 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
         # fork: the forkserver default re-imports torch & co. (~20 s on this machine)
         return SubprocVecEnv(env_fns, start_method="fork")
     spec = PLACEMENTS[backend]
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(scheduler_workers(client))
     venv = DaskVecEnv(
         env_fns,
         client=client,
@@ -353,7 +354,7 @@ def test_close_releases_the_actors(backend: str, vec_factory: Any, dclient: Any)
         assert time.monotonic() - t0 < deadline, "actors still held after close()"
         time.sleep(0.1)
     # the cluster itself was not closed: DaskVecEnv did not create it
-    assert len(dclient.scheduler_info(n_workers=-1)["workers"]) == 2
+    assert len(scheduler_workers(dclient)) == 2
 
 
 # --------------------------------------------------------------------------- SB3 wrappers

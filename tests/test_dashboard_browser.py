@@ -30,6 +30,7 @@ import pytest
 from conftest import DaskProcesses, have_chromium, start_dask_processes
 
 from daskvec import dashboard
+from daskvec.cluster import scheduler_workers
 
 pytest.importorskip("bokeh")
 pytest.importorskip("prometheus_client")
@@ -261,7 +262,7 @@ def bar_rows(png: bytes) -> list[tuple[int, int, int]]:
 def test_browser_renders_per_worker_data(
     port: int, client: Any, stepping: Stepper, tmp_path: Path
 ) -> None:
-    workers = set(client.scheduler_info(n_workers=-1)["workers"])
+    workers = set(scheduler_workers(client))
     assert len(workers) == 2
 
     def accept(state: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ import pytest
 from envs import BrokenStepEnv, CountingEnv, EnvCrashed, SlowAttrEnv, SpaceEnv
 
 from daskvec import DaskVecEnv
+from daskvec.cluster import scheduler_workers
 from daskvec.errors import (
     AlreadySteppingError,
     ClosedEnvError,
@@ -35,7 +36,7 @@ def dclient(cluster2: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def worker_addresses(dclient: Any) -> list[str]:
-    return sorted(dclient.scheduler_info(n_workers=-1)["workers"])
+    return sorted(scheduler_workers(dclient))
 
 
 def counting(n: int = 4, **kwargs: Any) -> list[Any]:

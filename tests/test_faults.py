@@ -23,6 +23,7 @@ from conftest import DaskProcesses, start_dask_processes
 from envs import CountingEnv
 
 from daskvec import DaskVecEnv
+from daskvec.cluster import scheduler_workers
 from daskvec.errors import DaskVecEnvError, EnvRestartBudgetExceeded, StepTimeoutError
 from daskvec.worker import INFO_KEY, restart_seed
 
@@ -91,7 +92,7 @@ def ensure_workers(procs: DaskProcesses, n: int) -> None:
         procs.add_worker()
     with Client(procs.address, timeout=60, set_as_default=False) as c:
         deadline = time.monotonic() + 60
-        while len(c.scheduler_info(n_workers=-1)["workers"]) != n:
+        while len(scheduler_workers(c)) != n:
             assert time.monotonic() < deadline, "the scheduler did not settle on the expected workers"
             time.sleep(0.1)
 
@@ -220,7 +221,7 @@ def test_localcluster_scale_down_while_stepping() -> None:
             env.step(actions)
         # SpecCluster.scale() closes the most recently added worker, plugins or not
         last_name = str(list(cluster.worker_spec)[-1])
-        (doomed,) = [a for a, w in client.scheduler_info()["workers"].items() if str(w["name"]) == last_name]
+        (doomed,) = [a for a, w in scheduler_workers(client).items() if str(w["name"]) == last_name]
         doomed_envs = sorted(i for g in env.groups if g["worker"] == doomed for i in g["envs"])
         cluster.scale(1)
         seen: Counter[int] = Counter()
@@ -239,7 +240,7 @@ def test_localcluster_scale_down_while_stepping() -> None:
         assert sorted(e["env"] for e in env.restart_log) == doomed_envs
         assert_layout_intact(env)
         assert doomed not in {g["worker"] for g in env.groups}
-        assert len(client.scheduler_info()["workers"]) == 1
+        assert len(scheduler_workers(client)) == 1
 
 
 def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> None:
@@ -248,7 +249,7 @@ def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> Non
 
     ensure_workers(procs, 3)
     with Client(procs.address, set_as_default=False) as client:
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(client))
         holders, idle = workers[:2], workers[2]
         with DaskVecEnv([cartpole] * 4, client=client, workers=holders, timeout=60) as env:
             assert {g["worker"] for g in env.groups} == set(holders)

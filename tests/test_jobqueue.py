@@ -13,6 +13,7 @@ import pytest
 
 dask_jobqueue = pytest.importorskip("dask_jobqueue")
 
+from daskvec.cluster import scheduler_workers  # noqa: E402
 from daskvec.jobqueue import (  # noqa: E402
     DEFAULT_RESOURCE,
     cluster_for_envs,
@@ -199,7 +200,7 @@ def test_local_jobs_hold_envs(tmp_path: Path) -> None:
         env = DaskVecEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], client=cluster, timeout=60,
                          **plan.vec_env_kwargs())
         try:
-            info = env.client.scheduler_info(n_workers=-1)["workers"]
+            info = scheduler_workers(env.client)
             assert all(w["resources"] == {DEFAULT_RESOURCE: 2} for w in info.values())
             assert sorted(len(g["envs"]) for g in env.groups) == [2, 2]
             assert len({g["worker"] for g in env.groups}) == 2

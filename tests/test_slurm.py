@@ -19,6 +19,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from daskvec.cluster import scheduler_workers
+
 pytestmark = pytest.mark.slurm
 
 SCHEDULER = {"host": "127.0.0.1", "dashboard_address": ":0"}
@@ -59,7 +61,7 @@ def squeue_states(job_ids: list[str]) -> dict[str, str]:
 
 def job_of_worker(cluster: Any, client: Any, address: str) -> str:
     """The SLURM job id of the Dask worker at ``address``."""
-    name = client.scheduler_info(n_workers=-1)["workers"][address]["name"]
+    name = scheduler_workers(client)[address]["name"]
     return str(cluster.workers[name].job_id)
 
 
@@ -197,7 +199,10 @@ def test_envs_leave_a_worker_before_its_lifetime(slurm: None, tmp_path: Path) ->
     from daskvec import DaskVecEnv
     from daskvec.jobqueue import plan_jobs
 
-    lifetime = 25
+    # The lifetime must leave room for a second job to be scheduled and its worker to
+    # start (10-25 s on a loaded CI machine) before the first worker's envs must move.
+    lifetime = 60
+    migrate_before = 10.0
     plan = plan_jobs(2, envs_per_worker=2, memory_per_worker="1GB", walltime="00:02:00",
                      lifetime_margin=120 - lifetime, lifetime_stagger=0)
     assert plan.lifetime_s == lifetime
@@ -211,16 +216,18 @@ def test_envs_leave_a_worker_before_its_lifetime(slurm: None, tmp_path: Path) ->
     try:
         cluster.scale(jobs=1)
         client.wait_for_workers(1, timeout=120)
-        env = DaskVecEnv(cartpoles(2), client=client, timeout=60, migrate_before=10.0)
+        env = DaskVecEnv(cartpoles(2), client=client, timeout=60, migrate_before=migrate_before)
         (old_worker,) = {g["worker"] for g in env.groups}
         old_deadline = env.groups[0]["deadline"]
         assert old_deadline is not None and old_deadline - time.time() <= lifetime
         cluster.scale(jobs=2)  # a second, younger job: it outlives the first
+        # the move happens only if the younger worker is there before the old one's envs must go
+        client.wait_for_workers(2, timeout=max(old_deadline - time.time() - migrate_before - 2, 1))
         env.reset()
         moved_infos: list[dict[str, Any]] = []
         stop = time.monotonic() + 150
         # step until the first worker has reached its lifetime and left the cluster
-        while old_worker in client.scheduler_info(n_workers=-1)["workers"]:
+        while old_worker in scheduler_workers(client):
             assert time.monotonic() < stop, "the first worker never left"
             _, _, dones, infos = env.step(np.zeros(2, dtype=np.int64))
             for i, info in enumerate(infos):
