@@ -109,15 +109,23 @@ _PACKAGES = (
 
 
 # =========================================================================== envs
-def burn_cpu(seconds: float) -> None:
+def burn_cpu(seconds: float, since: float | None = None) -> None:
     """Busy-loop until the calling thread has used ``seconds`` of CPU time.
 
     ``time.thread_time`` counts only this thread's CPU, so the cost of one step is the
     same whether the env runs alone in a subprocess or next to a Dask worker's event
     loop thread (``process_time`` would count those threads too), and a preempted
     step is not cut short as a wall-clock loop would be.
+
+    Parameters
+    ----------
+    seconds : float
+        CPU seconds to use.
+    since : float, optional
+        A ``time.thread_time()`` reading to count from (default: now), so that work
+        done since then is part of the ``seconds``.
     """
-    end = time.thread_time() + seconds
+    end = (time.thread_time() if since is None else since) + seconds
     while time.thread_time() < end:
         continue
 
@@ -151,12 +159,19 @@ class BusyEnv(gym.Env[np.ndarray, np.int64]):
         return self.state.copy(), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """Burn the step's CPU, then move the state deterministically with the action."""
-        burn_cpu(self.step_cpu_s)
+        """Move the state deterministically with the action, then burn the rest of the step's CPU.
+
+        The state update counts towards ``step_cpu_s``: the whole step costs that much
+        CPU (within a few microseconds), so "ideal" throughput is exactly
+        ``cores / step_cpu_s``.
+        """
+        start = time.thread_time()
         self.t += 1
         shift = 0.01 if int(action) == 1 else -0.01
         self.state = np.clip(np.roll(self.state, 1) + shift, -1.0, 1.0).astype(np.float32)
-        return self.state.copy(), 1.0, False, self.t >= self.horizon, {}
+        obs = self.state.copy()
+        burn_cpu(self.step_cpu_s, since=start)
+        return obs, 1.0, False, self.t >= self.horizon, {}
 
 
 class ImageEnv(gym.Env[np.ndarray, np.int64]):

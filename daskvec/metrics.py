@@ -85,6 +85,32 @@ class GroupStats:
         self.episodes += 1
         self.returns.append(float(episode_return))
 
+    def snapshot(self) -> dict[str, Any]:
+        """The counters and windows as plain data, to send to another process."""
+        return {
+            "steps": self.steps,
+            "episodes": self.episodes,
+            "errors": self.errors,
+            "restarts": self.restarts,
+            "latencies": list(self.latencies),
+            "returns": list(self.returns),
+            "rate_marks": list(self._rate_marks),
+        }
+
+    def mirror(self, snap: dict[str, Any]) -> None:
+        """Take over a :meth:`snapshot` of the same group taken in its env process.
+
+        The rate marks are ``time.monotonic()`` readings, which every process on a
+        host shares, so the rate computed here is the env process's own.
+        """
+        self.steps = int(snap["steps"])
+        self.episodes = int(snap["episodes"])
+        self.errors = int(snap["errors"])
+        self.restarts = int(snap["restarts"])
+        self.latencies = deque(snap["latencies"], maxlen=_WINDOW)
+        self.returns = deque(snap["returns"], maxlen=100)
+        self._rate_marks = deque(((float(t), int(n)) for t, n in snap["rate_marks"]), maxlen=256)
+
     def steps_per_second(self) -> float:
         """Env-steps per second over the last few seconds (0 when idle)."""
         # a snapshot: the serving thread appends while the heartbeat reads

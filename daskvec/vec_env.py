@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -47,7 +48,7 @@ from daskvec.errors import (
 )
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, recv_many
-from daskvec.worker import INFO_KEY, EnvGroup, restart_seed
+from daskvec.worker import INFO_KEY, EnvGroup, EnvHost, kill_env_process, restart_seed
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,12 @@ class DaskVecEnv(VecEnv):
         ``"direct"``: a dedicated authenticated socket to each actor (fast);
         ``"actor"``: plain Dask actor calls; ``"auto"`` (default): direct where the
         worker can be reached and the cluster does not use TLS, else actor calls.
+    env_process : bool
+        Run each group's envs in a process of their own beside its worker (default,
+        on POSIX systems). Stepping then never competes with the worker's event loop
+        for the GIL, an env that crashes the interpreter takes only its group down
+        (which is then rebuilt like a lost one), and the process ends with its worker.
+        ``False`` builds the envs inside the worker process itself.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     step_timeout : float, optional
@@ -222,6 +229,7 @@ class DaskVecEnv(VecEnv):
         workers: Sequence[str] | None = None,
         resources: dict[str, float] | None = None,
         transport: str = "auto",
+        env_process: bool = True,
         timeout: float = 300.0,
         step_timeout: float | None = None,
         on_worker_lost: str = "restart",
@@ -252,8 +260,12 @@ class DaskVecEnv(VecEnv):
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be a non-negative int, not {max_restarts!r}")
 
+        if not isinstance(env_process, bool):
+            raise TypeError(f"env_process must be True or False, not {env_process!r}")
+
         self.env_fns = list(env_fns)
         n_envs = len(self.env_fns)
+        self.env_process = env_process and os.name == "posix"
         self.timeout = float(timeout)
         self.step_timeout = float(step_timeout) if step_timeout is not None else self.timeout
         self.on_worker_lost = on_worker_lost
@@ -429,14 +441,19 @@ class DaskVecEnv(VecEnv):
                 for indices, worker in pending:
                     token = secrets.token_bytes(32) if self.transport != "actor" else None
                     key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
-                    fut = self.client.submit(
-                        EnvGroup,
+                    args: list[Any] = [
                         self._blob(indices),
                         indices,
                         token,
                         self.on_env_error,
                         self.max_restarts,
                         [int(self.error_restarts[i]) for i in indices],
+                    ]
+                    if self.env_process:
+                        args.append(self.timeout)  # build_timeout
+                    fut = self.client.submit(
+                        EnvHost if self.env_process else EnvGroup,
+                        *args,
                         actor=True,
                         workers=[worker],
                         allow_other_workers=False,
@@ -528,6 +545,21 @@ class DaskVecEnv(VecEnv):
         return load
 
     def _teardown_groups(self, groups: Sequence[_Group], graceful: bool) -> None:
+        """Release ``groups``: ask their actors to shut down (``graceful``), or drop them.
+
+        Dropped groups (lost, hung) are not asked anything: a hung group's actor may be
+        stuck in the call that hung. Instead their env processes, if their workers
+        still run, are killed by the worker itself (a plain ``Client.run``, which does
+        not queue behind actor calls).
+        """
+        described = getattr(self, "_describe", {})
+        doomed = [(g.worker, described[g.gid]["env_pid"]) for g in groups if "env_pid" in described.get(g.gid, {})]
+        if not graceful and doomed:
+            with contextlib.suppress(Exception):
+                alive = _cluster.scheduler_workers(self.client)
+                for worker, env_pid in doomed:
+                    if worker in alive:
+                        self.client.run(kill_env_process, env_pid, workers=[worker], callback_timeout=10)
         if graceful:
             futs = []
             for g in groups:
@@ -553,8 +585,10 @@ class DaskVecEnv(VecEnv):
 
     @property
     def groups(self) -> list[dict[str, Any]]:
-        """One entry per env-group actor: its env indices, worker, transport and the
-        worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or ``None``)."""
+        """One entry per env-group actor: its env indices, worker, transport, the
+        worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or
+        ``None``) and ``env_pid``, the id of the process stepping the envs on the
+        worker's host (the worker's own with ``env_process=False``)."""
         return [
             {
                 "envs": list(g.env_indices),
@@ -562,6 +596,7 @@ class DaskVecEnv(VecEnv):
                 "transport": g.channel.kind,
                 "key": g.gid,
                 "deadline": g.deadline,
+                "env_pid": self._describe[g.gid].get("env_pid", self._describe[g.gid].get("pid")),
             }
             for g in self._groups
         ]

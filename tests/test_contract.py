@@ -9,6 +9,7 @@ the backend's output with DummyVecEnv's or with a reference computed by hand.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ N_ENVS = 4
 PLACEMENTS: dict[str, dict[str, Any]] = {
     "dask-1w-direct": {"transport": "direct", "one_worker": True, "workers": 1, "groups": 1},
     "dask-2w-1per-direct": {"transport": "direct", "envs_per_actor": 1, "workers": 2, "groups": 4},
-    "dask-2w-actor": {"transport": "actor", "workers": 2, "groups": 2},
+    "dask-2w-actor-inworker": {"transport": "actor", "env_process": False, "workers": 2, "groups": 2},
     "dask-1w-3per-actor": {"transport": "actor", "one_worker": True, "envs_per_actor": 3, "workers": 1, "groups": 2},
 }
 BACKENDS = ["dummy", "subproc", *PLACEMENTS]
@@ -57,6 +58,7 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
         env_fns,
         client=client,
         transport=spec["transport"],
+        env_process=spec.get("env_process", True),
         envs_per_actor=spec.get("envs_per_actor"),
         workers=workers[:1] if spec.get("one_worker") else None,
         timeout=60,
@@ -66,6 +68,9 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
     assert len({g["worker"] for g in groups}) == spec["workers"], groups
     assert {g["transport"] for g in groups} == {spec["transport"]}, groups
     assert sorted(i for g in groups for i in g["envs"]) == list(range(len(env_fns)))
+    worker_pids = client.run(os.getpid)
+    for g in groups:  # envs step in a process of their own, or inside the worker when asked
+        assert (g["env_pid"] == worker_pids[g["worker"]]) == (spec.get("env_process") is False), g
     return venv
 
 
@@ -398,7 +403,7 @@ def test_sb3_wrappers_match_dummy(backend: str, wrapper: str, vec_factory: Any, 
     venv.close()
 
 
-@pytest.mark.parametrize("backend", ["dask-2w-1per-direct", "dask-2w-actor"])
+@pytest.mark.parametrize("backend", ["dask-2w-1per-direct", "dask-2w-actor-inworker"])
 def test_vec_video_recorder(backend: str, vec_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("moviepy")
     from stable_baselines3.common.vec_env import VecVideoRecorder

@@ -72,6 +72,23 @@ def group_pids(env: DaskVecEnv) -> dict[int, list[int]]:
     return out
 
 
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie nobody reaped counts as exited)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_for_exit(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not process_ended(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs after {timeout:.0f}s"
+        time.sleep(0.2)
+
+
 def process_of(procs: Any, pid: int) -> Any:
     (p,) = [p for p in procs.workers if p.pid == pid]
     return p
@@ -352,6 +369,7 @@ def test_frozen_env_under_step_timeout(procs: DaskProcesses, tmp_path: Path, pol
     env = DaskVecEnv(fns, client=procs.address, transport=transport, step_timeout=3.0, timeout=60,
                      on_worker_lost=policy)
     frozen_pid = next(pid for pid, envs in group_pids(env).items() if 0 in envs)
+    (frozen_env_pid,) = [g["env_pid"] for g in env.groups if 0 in g["envs"]]
     try:
         env.reset()
         actions = np.zeros(4, dtype=np.int64)
@@ -381,10 +399,75 @@ def test_frozen_env_under_step_timeout(procs: DaskProcesses, tmp_path: Path, pol
             assert dict(seen) == dict.fromkeys(lost, 1)
             assert_layout_intact(env)
             assert frozen_pid not in group_pids(env)
+            # the abandoned group's process, frozen mid-step, is stopped; its worker lives on
+            wait_for_exit(frozen_env_pid, 30)
+            assert process_of(procs, frozen_pid).poll() is None
     finally:
         env.close()  # must not wait on the frozen thread
         assert env.closed
         procs.kill_worker(process_of(procs, frozen_pid))
+
+
+# --------------------------------------------------------------------------- env processes
+@pytest.mark.timeout(180)
+def test_crashed_env_process_is_rebuilt_and_its_worker_kept(procs: DaskProcesses) -> None:
+    """SIGKILL of the process stepping one group (an env that crashed the interpreter)."""
+    import signal
+
+    ensure_workers(procs, 2)
+    env = DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address,
+                     envs_per_actor=2, timeout=60)
+    try:
+        worker_pids = set(group_pids(env))
+        victim = env.groups[0]
+        assert victim["env_pid"] not in worker_pids  # the envs step in a process of their own
+        env.reset()
+        actions = np.zeros(4, dtype=np.int64)
+        for _ in range(3):
+            last = env.step(actions)[0]
+        os.kill(victim["env_pid"], signal.SIGKILL)
+        obs, _, dones, infos = env.step(actions)
+        m = markers(infos)
+        assert sorted(m) == sorted(victim["envs"])
+        for i in victim["envs"]:
+            assert m[i]["reason"] == "worker_lost" and dones[i] and infos[i]["TimeLimit.truncated"] is True
+            np.testing.assert_array_equal(infos[i]["terminal_observation"], last[i])
+            assert obs[i][0] == 0.0  # a fresh episode
+        for i in set(range(4)) - set(victim["envs"]):
+            assert obs[i][0] == 4.0 and not dones[i]
+        seen = Counter(m.keys())
+        for _ in range(5):
+            seen.update(markers(env.step(actions)[3]).keys())
+        assert dict(seen) == dict.fromkeys(victim["envs"], 1)
+        assert sorted(e["env"] for e in env.restart_log) == sorted(victim["envs"])
+        assert_layout_intact(env)
+        # no worker was lost: both worker processes still run and still hold envs
+        assert {p.pid for p in live_workers(procs)} == worker_pids
+        assert victim["env_pid"] not in {g["env_pid"] for g in env.groups}
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(180)
+def test_env_processes_end_with_their_worker_and_on_close(procs: DaskProcesses) -> None:
+    ensure_workers(procs, 2)
+    env = DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address,
+                     envs_per_actor=1, timeout=60)
+    try:
+        env.reset()
+        doomed_pid, doomed_envs = sorted(group_pids(env).items())[0]
+        orphans = [g["env_pid"] for g in env.groups if g["envs"][0] in doomed_envs]
+        assert len(orphans) == len(doomed_envs) >= 1
+        procs.kill_worker(process_of(procs, doomed_pid))
+        for pid in orphans:  # they see the pipe from their worker close, and exit
+            wait_for_exit(pid, 30)
+        env.step(np.zeros(4, dtype=np.int64))
+        assert_layout_intact(env)
+        survivors = [g["env_pid"] for g in env.groups]
+    finally:
+        env.close()
+    for pid in survivors:
+        wait_for_exit(pid, 15)
 
 
 # --------------------------------------------------------------------------- soak
