@@ -262,11 +262,18 @@ def _proc_memory(proc: Any) -> dict[str, Any]:
 
 
 def process_memory() -> dict[str, Any]:
-    """Memory of the calling process (run on Dask workers through ``client.run``)."""
+    """Memory of the calling process and, under ``"children"``, of its child processes
+    (run on Dask workers through ``client.run``: the children are the env processes)."""
     import psutil
 
-    out = _proc_memory(psutil.Process())
+    me = psutil.Process()
+    out = _proc_memory(me)
     out["host"] = platform.node()
+    children = []
+    for child in me.children():
+        with contextlib.suppress(psutil.Error):
+            children.append(_proc_memory(child))
+    out["children"] = children
     return out
 
 
@@ -330,9 +337,11 @@ class _MemoryProbe:
                 logger.warning("could not read worker memory: %s", e)
                 remote = {}
             for addr, m in sorted(remote.items()):
+                children = m.pop("children", [])
                 procs.append({**m, "role": "worker", "worker": addr})
+                procs.extend({**c, "role": "env process", "worker": addr} for c in children)
                 if m.get("host") == local_host:
-                    seen.add(int(m["pid"]))
+                    seen.update(int(x["pid"]) for x in [m, *children])
         for pid, p in sorted(self.new_processes().items()):
             if pid in seen:
                 continue

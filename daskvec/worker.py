@@ -1,11 +1,16 @@
-"""Worker side: the env-group actor that holds a slice of environments.
+"""Worker side: the env-group actors that hold a slice of environments.
 
-An :class:`EnvGroup` is created on a Dask worker by ``client.submit(EnvGroup, ...,
-actor=True)``. It builds its environments there from their pickled factories (never
-on the client), steps all of them for one request, and answers requests arriving on
+An :class:`EnvGroup` builds its environments from their pickled factories (never on
+the client), steps all of them for one request, and answers requests arriving on
 either transport (see :mod:`daskvec.transport`): a direct authenticated socket served
 by its own threads, or ordinary Dask actor calls to :meth:`EnvGroup.handle`. One lock
 serialises the two.
+
+By default the actor the client creates on a worker (``client.submit(EnvHost, ...,
+actor=True)``) is an :class:`EnvHost`: it starts a child process of the worker
+(:func:`host_main`) that holds the :class:`EnvGroup` and serves its direct channel, and
+forwards actor calls to it. With ``DaskVecEnv(env_process=False)`` the actor is the
+:class:`EnvGroup` itself, inside the worker process.
 
 Step semantics are those of Stable-Baselines3's vec envs: ``done = terminated or
 truncated``, ``info["TimeLimit.truncated"] = truncated and not terminated``, and on
