@@ -754,14 +754,12 @@ def kill_env_process(pid: int) -> bool:
     The client runs this on a worker, with ``Client.run``, for groups it dropped
     without a shutdown (a hung step). Returns whether a process was killed.
     """
+    import psutil  # a dependency of distributed
+
     try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # the 4th field, after the parenthesised command name (which may contain spaces)
-    ppid = int(stat.rsplit(b")", 1)[1].split()[1])
-    if ppid != os.getpid():
+        if psutil.Process(int(pid)).ppid() != os.getpid():
+            return False
+    except psutil.Error:
         return False
     os.kill(int(pid), signal.SIGKILL)
     logger.warning("killed env process %d, which the client dropped (a step hung)", pid)
