@@ -86,10 +86,14 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
         # every SB3 vec env stepped the same envs with the same actions: identical outcomes
         sb3 = [case["results"][k] for k in ("dummy", "subproc", "dask")]
         assert len({(r["reward_sum"], r["dones"], r["obs_checksum"]) for r in sb3}) == 1, case["case"]
-        # the env-holding processes are counted: two subprocesses, two Dask workers
+        # the env-holding processes are counted: two subprocesses; two Dask workers and
+        # the env process of each group, read on the workers
         assert subproc["memory"]["env_processes"] == 2
         assert case["results"]["async"]["memory"]["env_processes"] == 2
-        assert case["results"]["dask"]["memory"]["env_processes"] == 2
+        dask = case["results"]["dask"]
+        assert dask["workers"] == 2 and dask["memory"]["env_processes"] == 2 + dask["groups"]
+        roles = [p["role"] for p in dask["memory"]["processes"]]
+        assert roles.count("worker") == 2 and roles.count("env process") == dask["groups"]
         assert case["results"]["dummy"]["memory"]["env_processes"] == 0
         assert case["results"]["dask"]["transport"]
     heavy = results["cases"][1]
