@@ -400,6 +400,7 @@ class Options:
     seed: int = 0
     scheduler: str | None = None
     transport: str = "auto"
+    env_process: bool = False
     subproc_start_method: str | None = None
     async_context: str | None = None
     heavy_step_s: float = 1e-3
@@ -425,7 +426,7 @@ def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options) -> Any:
     if kind == "dask":
         from daskvec.vec_env import DaskVecEnv
 
-        return DaskVecEnv(fns, client=opts.scheduler, transport=opts.transport)
+        return DaskVecEnv(fns, client=opts.scheduler, transport=opts.transport, env_process=opts.env_process)
     raise ValueError(f"unknown vec env {kind!r}; choose from {VEC_ENVS}")
 
 
@@ -583,7 +584,10 @@ def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
     if kind == "dask":
         from daskvec.vec_env import DaskVecEnv
 
-        classes["dask"] = (DaskVecEnv, {"client": opts.scheduler, "transport": opts.transport})
+        classes["dask"] = (
+            DaskVecEnv,
+            {"client": opts.scheduler, "transport": opts.transport, "env_process": opts.env_process},
+        )
     cls, kwargs = classes[kind]
     n_steps = int(min(2048, max(8, math.ceil(opts.training_timesteps / n_envs))))
     batch_size = int(min(64, n_steps * n_envs))
@@ -838,7 +842,12 @@ def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) 
 
     case = _cases("light", [n_envs], opts.heavy_step_s)[0]
     actions = action_cycle(gym.make("CartPole-v1").action_space, n_envs, _ACTION_CYCLE, opts.seed)
-    env = DaskVecEnv([case.make for _ in range(n_envs)], client=opts.scheduler, transport=opts.transport)
+    env = DaskVecEnv(
+        [case.make for _ in range(n_envs)],
+        client=opts.scheduler,
+        transport=opts.transport,
+        env_process=opts.env_process,
+    )
     stepper = _Stepper("dask", env, opts.seed)
     try:
         link = env.dashboard_link
@@ -938,6 +947,7 @@ def run_benchmark(
     seed: int = 0,
     scheduler: str | None = None,
     transport: str = "auto",
+    env_process: bool = False,
     subproc_start_method: str | None = None,
     async_context: str | None = None,
     heavy_step_s: float = 1e-3,
@@ -976,6 +986,8 @@ def run_benchmark(
         for each run, as ``DaskVecEnv(env_fns)`` does.
     transport : {"auto", "direct", "actor"}
         DaskVecEnv's transport.
+    env_process : bool
+        DaskVecEnv's ``env_process``: envs in a process of their own beside each worker.
     subproc_start_method, async_context : str, optional
         Multiprocessing start methods for SubprocVecEnv and AsyncVectorEnv (their own
         defaults when ``None``).
@@ -1020,7 +1032,8 @@ def run_benchmark(
         raise ValueError(f"n_envs must be positive env counts, not {n_envs!r}")
     kinds = [k for k in VEC_ENVS if k in vec_envs]
     opts = Options(seconds=seconds, steps=steps, warmup=warmup, repeat=repeat, seed=seed, scheduler=scheduler,
-                   transport=transport, subproc_start_method=subproc_start_method, async_context=async_context,
+                   transport=transport, env_process=env_process, subproc_start_method=subproc_start_method,
+                   async_context=async_context,
                    heavy_step_s=heavy_step_s, training_timesteps=training_timesteps, eval_episodes=eval_episodes)
     _prepare_imports(kinds)
     started = time.perf_counter()
@@ -1269,6 +1282,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)")
     parser.add_argument("--transport", default="auto", choices=["auto", "direct", "actor"],
                         help="DaskVecEnv transport (default auto)")
+    parser.add_argument("--env-process", action="store_true",
+                        help="DaskVecEnv(env_process=True): envs in a process of their own beside each worker")
     parser.add_argument("--subproc-start-method", default=None, choices=["fork", "forkserver", "spawn"],
                         help="SubprocVecEnv start method (default: its own, forkserver on Linux)")
     parser.add_argument("--async-context", default=None, choices=["fork", "forkserver", "spawn"],
@@ -1329,6 +1344,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 scheduler=args.scheduler,
                 transport=args.transport,
+                env_process=args.env_process,
                 subproc_start_method=args.subproc_start_method,
                 async_context=args.async_context,
                 training_timesteps=args.timesteps,

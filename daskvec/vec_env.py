@@ -160,11 +160,13 @@ class DaskVecEnv(VecEnv):
         ``"actor"``: plain Dask actor calls; ``"auto"`` (default): direct where the
         worker can be reached and the cluster does not use TLS, else actor calls.
     env_process : bool
-        Run each group's envs in a process of their own beside its worker (default,
-        on POSIX systems). Stepping then never competes with the worker's event loop
-        for the GIL, an env that crashes the interpreter takes only its group down
-        (which is then rebuilt like a lost one), and the process ends with its worker.
-        ``False`` builds the envs inside the worker process itself.
+        Run each group's envs in a process of their own beside its worker (POSIX
+        systems only). An env that crashes the interpreter then takes only its group
+        down (it is rebuilt like a lost one), a hung step can be ended by killing that
+        process, and stepping never competes with the worker's event loop for the GIL.
+        It costs one Python interpreter per group and 1-4 s more to build the envs
+        (each process imports what the factories need). Default ``False``: the envs
+        live inside the worker process.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     step_timeout : float, optional
@@ -229,7 +231,7 @@ class DaskVecEnv(VecEnv):
         workers: Sequence[str] | None = None,
         resources: dict[str, float] | None = None,
         transport: str = "auto",
-        env_process: bool = True,
+        env_process: bool = False,
         timeout: float = 300.0,
         step_timeout: float | None = None,
         on_worker_lost: str = "restart",

@@ -6,11 +6,11 @@ either transport (see :mod:`daskvec.transport`): a direct authenticated socket s
 by its own threads, or ordinary Dask actor calls to :meth:`EnvGroup.handle`. One lock
 serialises the two.
 
-By default the actor the client creates on a worker (``client.submit(EnvHost, ...,
-actor=True)``) is an :class:`EnvHost`: it starts a child process of the worker
+By default the client creates the :class:`EnvGroup` itself as the actor on a worker
+(``client.submit(EnvGroup, ..., actor=True)``). With ``DaskVecEnv(env_process=True)``
+the actor is an :class:`EnvHost` instead: it starts a child process of the worker
 (:func:`host_main`) that holds the :class:`EnvGroup` and serves its direct channel, and
-forwards actor calls to it. With ``DaskVecEnv(env_process=False)`` the actor is the
-:class:`EnvGroup` itself, inside the worker process.
+forwards actor calls to it.
 
 Step semantics are those of Stable-Baselines3's vec envs: ``done = terminated or
 truncated``, ``info["TimeLimit.truncated"] = truncated and not terminated``, and on
@@ -516,7 +516,7 @@ _STATS_INTERVAL_S = 1.0
 
 
 class EnvHost:
-    """The env-group actor when the envs run in a process of their own (the default).
+    """The env-group actor when the envs run in a process of their own (``env_process=True``).
 
     It takes the same arguments as :class:`EnvGroup` and answers the same calls, but
     builds the envs in a child process of the worker (``python -c`` running

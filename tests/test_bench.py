@@ -86,14 +86,10 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
         # every SB3 vec env stepped the same envs with the same actions: identical outcomes
         sb3 = [case["results"][k] for k in ("dummy", "subproc", "dask")]
         assert len({(r["reward_sum"], r["dones"], r["obs_checksum"]) for r in sb3}) == 1, case["case"]
-        # the env-holding processes are counted: two subprocesses; two Dask workers and
-        # the env process of each group, read on the workers
+        # the env-holding processes are counted: two subprocesses, two Dask workers
         assert subproc["memory"]["env_processes"] == 2
         assert case["results"]["async"]["memory"]["env_processes"] == 2
-        dask = case["results"]["dask"]
-        assert dask["workers"] == 2 and dask["memory"]["env_processes"] == 2 + dask["groups"]
-        roles = [p["role"] for p in dask["memory"]["processes"]]
-        assert roles.count("worker") == 2 and roles.count("env process") == dask["groups"]
+        assert case["results"]["dask"]["memory"]["env_processes"] == 2
         assert case["results"]["dummy"]["memory"]["env_processes"] == 0
         assert case["results"]["dask"]["transport"]
     heavy = results["cases"][1]
@@ -132,6 +128,24 @@ def test_run_benchmark_training_structure(cluster2: Any, tmp_path: Path) -> None
     assert case["results"]["dummy"]["mean_reward"] == case["results"]["dask"]["mean_reward"]
     _check_files(results, tmp_path)
     assert "reward" in bench.format_table(results)
+
+
+@pytest.mark.timeout(240)
+def test_env_processes_are_counted_on_their_workers(cluster2: Any, tmp_path: Path) -> None:
+    """With ``env_process=True`` each group's process is read on its worker, beside the worker."""
+    results = bench.run_benchmark(
+        scenarios=["light"], vec_envs=["dask"], n_envs=[4], steps=3, warmup=0.0, env_process=True,
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+        out_dir=tmp_path,
+    )
+    dask = results["cases"][0]["results"]["dask"]
+    assert "error" not in dask, dask.get("error")
+    roles = [p["role"] for p in dask["memory"]["processes"]]
+    assert roles.count("worker") == dask["workers"] == 2
+    assert roles.count("env process") == dask["groups"] == 2
+    assert dask["memory"]["env_processes"] == 4
+    assert all(p["uss_mb"] > 0 for p in dask["memory"]["processes"])
+    assert results["settings"]["env_process"] is True
 
 
 @pytest.mark.timeout(240)

@@ -27,9 +27,10 @@ N_ENVS = 4
 
 #: DaskVecEnv placements: options, and the expected number of workers and groups.
 PLACEMENTS: dict[str, dict[str, Any]] = {
-    "dask-1w-direct": {"transport": "direct", "one_worker": True, "workers": 1, "groups": 1},
+    "dask-1w-direct-envproc": {"transport": "direct", "env_process": True, "one_worker": True, "workers": 1,
+                               "groups": 1},
     "dask-2w-1per-direct": {"transport": "direct", "envs_per_actor": 1, "workers": 2, "groups": 4},
-    "dask-2w-actor-inworker": {"transport": "actor", "env_process": False, "workers": 2, "groups": 2},
+    "dask-2w-actor": {"transport": "actor", "workers": 2, "groups": 2},
     "dask-1w-3per-actor": {"transport": "actor", "one_worker": True, "envs_per_actor": 3, "workers": 1, "groups": 2},
 }
 BACKENDS = ["dummy", "subproc", *PLACEMENTS]
@@ -58,7 +59,7 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
         env_fns,
         client=client,
         transport=spec["transport"],
-        env_process=spec.get("env_process", True),
+        env_process=spec.get("env_process", False),
         envs_per_actor=spec.get("envs_per_actor"),
         workers=workers[:1] if spec.get("one_worker") else None,
         timeout=60,
@@ -70,7 +71,7 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
     assert sorted(i for g in groups for i in g["envs"]) == list(range(len(env_fns)))
     worker_pids = client.run(os.getpid)
     for g in groups:  # envs step in a process of their own, or inside the worker when asked
-        assert (g["env_pid"] == worker_pids[g["worker"]]) == (spec.get("env_process") is False), g
+        assert (g["env_pid"] != worker_pids[g["worker"]]) == spec.get("env_process", False), g
     return venv
 
 
@@ -403,7 +404,7 @@ def test_sb3_wrappers_match_dummy(backend: str, wrapper: str, vec_factory: Any, 
     venv.close()
 
 
-@pytest.mark.parametrize("backend", ["dask-2w-1per-direct", "dask-2w-actor-inworker"])
+@pytest.mark.parametrize("backend", ["dask-2w-1per-direct", "dask-2w-actor"])
 def test_vec_video_recorder(backend: str, vec_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("moviepy")
     from stable_baselines3.common.vec_env import VecVideoRecorder
