@@ -555,8 +555,10 @@ class DaskVecEnv(VecEnv):
         not queue behind actor calls).
         """
         described = getattr(self, "_describe", {})
-        doomed = [(g.worker, described[g.gid]["env_pid"]) for g in groups if "env_pid" in described.get(g.gid, {})]
-        if not graceful and doomed:
+        doomed = [] if graceful else [
+            (g.worker, described[g.gid]["env_pid"]) for g in groups if "env_pid" in described.get(g.gid, {})
+        ]
+        if doomed:
             with contextlib.suppress(Exception):
                 alive = _cluster.scheduler_workers(self.client)
                 for worker, env_pid in doomed:

@@ -597,7 +597,10 @@ class EnvHost:
 
     def refused_connections(self) -> int:
         """How many peers the env process's direct channel refused."""
-        return int(self._call(("refused", ())))
+        status, value = self._forward(("refused", ()))
+        if status != "ok":
+            raise RuntimeError(f"{value.get('type')}: {value.get('message')}")
+        return int(value)
 
     def handle(self, data: bytes) -> bytes:
         """Entry point of the Dask-actor transport: forwarded to the env process."""
@@ -610,19 +613,11 @@ class EnvHost:
             self._channel.send(request)
             return self._channel.recv(None)
 
-    def _call(self, request: Any) -> Any:
-        status, value = self._forward(request)
-        if status != "ok":
-            raise RuntimeError(f"{value.get('type')}: {value.get('message')}")
-        return value
-
-    def _refresh_stats(self) -> bool:
+    def _refresh_stats(self, timeout: float = _STATS_INTERVAL_S * 10) -> bool:
         """Copy the env process's step figures into this worker's metrics (False once closed)."""
-        if self._closed:
-            return False
         try:
             self._stats_channel.send(("stats", ()))
-            status, value = self._stats_channel.recv(_STATS_INTERVAL_S * 10)
+            status, value = self._stats_channel.recv(timeout)
         except (ChannelError, TimeoutError, OSError):
             return False  # the process is gone or stuck: the client finds out on its own channel
         if status == "ok":
@@ -635,20 +630,13 @@ class EnvHost:
             if self._closed:
                 return False
             self._closed = True
-        self._refresh_stats_final()
+        self._refresh_stats(timeout=1.0)  # the counters keep what the envs did last
         self._channel.close()
         self._stats_channel.close()
         self._finalizer.detach()
         _stop_env_process(self._proc, wait=True)
         metrics.forget(self.stats)
         return True
-
-    def _refresh_stats_final(self) -> None:
-        with contextlib.suppress(ChannelError, TimeoutError, OSError):
-            self._stats_channel.send(("stats", ()))
-            status, value = self._stats_channel.recv(1.0)
-            if status == "ok":
-                self.stats.mirror(value)
 
     def __repr__(self) -> str:
         return f"EnvHost(envs={self.env_indices}, worker={self.worker_address!r}, pid={self._proc.pid})"
@@ -658,7 +646,7 @@ def _poll_stats(ref: weakref.ref[EnvHost]) -> None:
     while True:
         time.sleep(_STATS_INTERVAL_S)
         host = ref()
-        if host is None or not host._refresh_stats():
+        if host is None or host._closed or not host._refresh_stats():
             return
         del host
 
