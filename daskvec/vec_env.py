@@ -47,7 +47,7 @@ from daskvec.errors import (
     WorkerLostError,
 )
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
-from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, recv_many
+from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, machine_id, recv_many
 from daskvec.worker import INFO_KEY, EnvGroup, EnvHost, kill_env_process, restart_seed
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,14 @@ class DaskVecEnv(VecEnv):
         It costs one Python interpreter per group and 1-4 s more to build the envs
         (each process imports what the factories need). Default ``False``: the envs
         live inside the worker process.
+    busy_poll : float
+        Seconds a group's direct channel keeps polling for the next step after each
+        reply before it sleeps (default 0.002). While the client steps quickly, the
+        next request is then picked up without waking a sleeping thread, which costs
+        tens to hundreds of microseconds per round trip on virtual machines. It spends
+        at most this much worker CPU per step, only when one group is stepping in the
+        worker's process, and stops while the client is slow (e.g. during training
+        updates). ``0`` turns it off; it has no effect on the actor transport.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     step_timeout : float, optional
@@ -232,6 +240,7 @@ class DaskVecEnv(VecEnv):
         resources: dict[str, float] | None = None,
         transport: str = "auto",
         env_process: bool = False,
+        busy_poll: float = 2e-3,
         timeout: float = 300.0,
         step_timeout: float | None = None,
         on_worker_lost: str = "restart",
@@ -259,6 +268,8 @@ class DaskVecEnv(VecEnv):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be a positive number of seconds, not {step_timeout!r}")
+        if isinstance(busy_poll, bool) or not isinstance(busy_poll, (int, float)) or not 0 <= busy_poll <= 0.1:
+            raise ValueError(f"busy_poll must be a number of seconds between 0 and 0.1, not {busy_poll!r}")
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be a non-negative int, not {max_restarts!r}")
 
@@ -269,6 +280,7 @@ class DaskVecEnv(VecEnv):
         n_envs = len(self.env_fns)
         self.env_process = env_process and os.name == "posix"
         self.timeout = float(timeout)
+        self.busy_poll = float(busy_poll)
         self.step_timeout = float(step_timeout) if step_timeout is not None else self.timeout
         self.on_worker_lost = on_worker_lost
         self.on_env_error = on_env_error
@@ -456,6 +468,7 @@ class DaskVecEnv(VecEnv):
                     fut = self.client.submit(
                         EnvHost if self.env_process else EnvGroup,
                         *args,
+                        busy_poll=self.busy_poll,
                         actor=True,
                         workers=[worker],
                         allow_other_workers=False,
@@ -528,8 +541,14 @@ class DaskVecEnv(VecEnv):
     def _connect(self, actor: Any, desc: dict[str, Any], token: bytes | None) -> Channel:
         if self.transport == "actor" or token is None or desc.get("address") is None:
             return ActorChannel(actor)
+        timeout = min(self.timeout, 5.0)
+        if desc.get("unix_path") and desc.get("machine") == machine_id():
+            try:
+                return DirectChannel(desc["unix_path"], token, connect_timeout=timeout)
+            except ChannelError as e:  # e.g. a container that shares the host name, not the files
+                logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc["worker"], e)
         try:
-            return DirectChannel(tuple(desc["address"]), token, connect_timeout=min(self.timeout, 5.0))
+            return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout)
         except ChannelError as e:
             if self.transport == "direct":
                 raise DaskVecEnvError(
@@ -581,10 +600,11 @@ class DaskVecEnv(VecEnv):
                 self._describe.pop(g.gid, None)
 
     def transport_summary(self) -> str:
-        """How many groups use each transport, e.g. ``"direct x2"``."""
+        """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
         kinds: dict[str, int] = {}
         for g in self._groups:
-            kinds[g.channel.kind] = kinds.get(g.channel.kind, 0) + 1
+            kind = _channel_name(g.channel)
+            kinds[kind] = kinds.get(kind, 0) + 1
         return ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
 
     @property
@@ -592,12 +612,15 @@ class DaskVecEnv(VecEnv):
         """One entry per env-group actor: its env indices, worker, transport, the
         worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or
         ``None``) and ``env_pid``, the id of the process stepping the envs on the
-        worker's host (the worker's own with ``env_process=False``)."""
+        worker's host (the worker's own with ``env_process=False``). ``socket`` says
+        how a direct channel is connected: ``"unix"`` when the group runs on the
+        client's machine, ``"tcp"`` otherwise (``None`` for the actor transport)."""
         return [
             {
                 "envs": list(g.env_indices),
                 "worker": g.worker,
                 "transport": g.channel.kind,
+                "socket": getattr(g.channel, "family", None),
                 "key": g.gid,
                 "deadline": g.deadline,
                 "env_pid": self._describe[g.gid].get("env_pid", self._describe[g.gid].get("pid")),
@@ -1221,6 +1244,11 @@ class DaskVecEnv(VecEnv):
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len({g.worker for g in self._groups})} workers"
         return f"<DaskVecEnv: {getattr(self, 'num_envs', 0)} envs, {len(getattr(self, '_groups', []))} groups, {state}>"
+
+
+def _channel_name(channel: Channel) -> str:
+    family = getattr(channel, "family", None)
+    return channel.kind if family is None else f"{channel.kind}/{family}"
 
 
 def _ranges(indices: list[int]) -> str:

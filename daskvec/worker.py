@@ -47,7 +47,7 @@ import numpy as np
 
 from daskvec import metrics
 from daskvec.errors import EnvRestartBudgetExceeded
-from daskvec.transport import ChannelError, ChannelServer, DirectChannel, pack, unpack
+from daskvec.transport import ChannelError, ChannelServer, DirectChannel, machine_id, pack, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +204,12 @@ class EnvGroup:
         Address reported in errors and infos; by default the current worker's.
     listen_host : str, optional
         Interface of the direct channel; by default the current worker's host.
+    unix_dir : str, optional
+        Where the direct channel's Unix socket goes; by default the worker's local
+        directory, which Dask cleans up after the worker (``None``: no Unix socket).
+    busy_poll : float, optional
+        Seconds the direct channel polls for the next request after each reply
+        (see :class:`daskvec.transport.ChannelServer`).
     """
 
     def __init__(
@@ -217,6 +223,8 @@ class EnvGroup:
         *,
         worker_address: str | None = None,
         listen_host: str | None = None,
+        unix_dir: str | None = "",
+        busy_poll: float = 0.0,
     ) -> None:
         self._worker = _current_worker()
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
@@ -253,7 +261,11 @@ class EnvGroup:
         self._server: ChannelServer | None = None
         if token is not None:
             host = listen_host or _listen_host(self._worker)
-            self._server = ChannelServer(host, token, self.dispatch, name="daskvec-group")
+            self._server = ChannelServer(
+                host, token, self.dispatch, name="daskvec-group",
+                unix_dir=_unix_dir(self._worker) if unix_dir == "" else unix_dir,
+                busy_poll=busy_poll,
+            )
         self._commands: dict[str, Callable[..., Any]] = {
             "step": self._step,
             "reset": self._reset,
@@ -290,6 +302,8 @@ class EnvGroup:
             "observation_space": env.observation_space,
             "action_space": env.action_space,
             "address": None if self._server is None else self._server.address,
+            "unix_path": None if self._server is None else self._server.unix_path,
+            "machine": machine_id(),
             "worker": self.worker_address,
             "pid": os.getpid(),
             "deadline": self.deadline,
@@ -508,6 +522,12 @@ def _listen_host(worker: Any) -> str:
     return str(get_address_host(address))
 
 
+def _unix_dir(worker: Any) -> str:
+    """The worker's local directory (Dask removes it after the worker), else the temp dir."""
+    directory = getattr(worker, "local_directory", None)
+    return str(directory) if directory and os.path.isdir(directory) else ""
+
+
 # --------------------------------------------------------------------------- env process
 #: Seconds the env process gets to close its envs when asked to stop, before it is killed.
 _STOP_GRACE_S = 5.0
@@ -535,6 +555,8 @@ class EnvHost:
     build_timeout : float
         Seconds the envs may take to build before the process is killed and
         ``TimeoutError`` is raised.
+    busy_poll : float
+        As for :class:`EnvGroup`.
     """
 
     def __init__(
@@ -546,6 +568,8 @@ class EnvHost:
         max_restarts: int = 10,
         restarts: list[int] | None = None,
         build_timeout: float = 300.0,
+        *,
+        busy_poll: float = 0.0,
     ) -> None:
         worker = _current_worker()
         self.worker_address = getattr(worker, "address", "local")
@@ -564,13 +588,15 @@ class EnvHost:
             "restarts": restarts,
             "worker_address": self.worker_address,
             "listen_host": _listen_host(worker) if token is not None else "127.0.0.1",
+            "unix_dir": _unix_dir(worker),
+            "busy_poll": busy_poll,
             "sys_path": list(sys.path),
         }
         self._proc, desc = _start_env_process(config, self.env_indices, build_timeout)
         # released without shutdown() (a lost or hung group is dropped by the client): stop it then
         self._finalizer = weakref.finalize(self, _stop_env_process, self._proc, False)
         try:
-            address = tuple(desc["address"])
+            address = desc["unix_path"] or tuple(desc["address"])  # same machine: Unix if it has one
             self._channel = DirectChannel(address, local_token, connect_timeout=10.0)
             self._stats_channel = DirectChannel(address, local_token, connect_timeout=10.0)
         except BaseException:
@@ -583,6 +609,7 @@ class EnvHost:
             env_pid=self._proc.pid,
             deadline=worker_deadline(worker),
             address=desc["address"] if token is not None else None,
+            unix_path=desc["unix_path"] if token is not None else None,
         )
         self.stats = metrics.GroupStats(len(self.env_indices))
         metrics.install_worker_metrics(worker, self.stats)
@@ -781,6 +808,8 @@ def host_main() -> None:
             config["restarts"],
             worker_address=config["worker_address"],
             listen_host=config["listen_host"],
+            unix_dir=config["unix_dir"],
+            busy_poll=config["busy_poll"],
         )
         reply: tuple[str, Any] = ("ok", group.describe())
     except BaseException as e:  # sent to the actor, which raises it on the worker

@@ -1,18 +1,21 @@
 """The VecEnv contract, run the same over DummyVecEnv, SubprocVecEnv and DaskVecEnv.
 
 DaskVecEnv runs in several placements on the session's 2-process LocalCluster: one
-worker or two, one env per actor or several, and both transports (the direct socket
-and the Dask-actor fallback). Every test below runs on every backend, and most compare
+worker or two, one env per actor or several, and both transports (the direct socket,
+over a Unix socket as on one machine and over TCP as across machines, and the
+Dask-actor fallback). Every test below runs on every backend, and most compare
 the backend's output with DummyVecEnv's or with a reference computed by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import gymnasium as gym
 import numpy as np
@@ -30,6 +33,8 @@ PLACEMENTS: dict[str, dict[str, Any]] = {
     "dask-1w-direct-envproc": {"transport": "direct", "env_process": True, "one_worker": True, "workers": 1,
                                "groups": 1},
     "dask-2w-1per-direct": {"transport": "direct", "envs_per_actor": 1, "workers": 2, "groups": 4},
+    # as if the client ran on another machine: the direct channel goes over TCP, not the Unix socket
+    "dask-2w-direct-tcp": {"transport": "direct", "socket": "tcp", "workers": 2, "groups": 2},
     "dask-2w-actor": {"transport": "actor", "workers": 2, "groups": 2},
     "dask-1w-3per-actor": {"transport": "actor", "one_worker": True, "envs_per_actor": 3, "workers": 1, "groups": 2},
 }
@@ -55,19 +60,23 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
         return SubprocVecEnv(env_fns, start_method="fork")
     spec = PLACEMENTS[backend]
     workers = sorted(scheduler_workers(client))
-    venv = DaskVecEnv(
-        env_fns,
-        client=client,
-        transport=spec["transport"],
-        env_process=spec.get("env_process", False),
-        envs_per_actor=spec.get("envs_per_actor"),
-        workers=workers[:1] if spec.get("one_worker") else None,
-        timeout=60,
-    )
+    socket = spec.get("socket", "unix" if spec["transport"] == "direct" else None)
+    elsewhere = mock.patch("daskvec.vec_env.machine_id", return_value="another-machine/0")
+    with elsewhere if socket == "tcp" else contextlib.nullcontext():
+        venv = DaskVecEnv(
+            env_fns,
+            client=client,
+            transport=spec["transport"],
+            env_process=spec.get("env_process", False),
+            envs_per_actor=spec.get("envs_per_actor"),
+            workers=workers[:1] if spec.get("one_worker") else None,
+            timeout=60,
+        )
     groups = venv.groups
     assert len(groups) == spec["groups"], groups
     assert len({g["worker"] for g in groups}) == spec["workers"], groups
     assert {g["transport"] for g in groups} == {spec["transport"]}, groups
+    assert {g["socket"] for g in groups} == {socket}, groups
     assert sorted(i for g in groups for i in g["envs"]) == list(range(len(env_fns)))
     worker_pids = client.run(os.getpid)
     for g in groups:  # envs step in a process of their own, or inside the worker when asked

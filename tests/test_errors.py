@@ -169,8 +169,10 @@ def test_unreachable_scheduler_fails_fast() -> None:
 
 def test_bad_options(dclient: Any) -> None:
     for kwargs in ({"transport": "carrier-pigeon"}, {"envs_per_actor": 0}, {"timeout": 0},
-                   {"on_worker_lost": "ignore"}, {"on_env_error": "ignore"}, {"max_restarts": -1}):
-        with pytest.raises(ValueError):
+                   {"on_worker_lost": "ignore"}, {"on_env_error": "ignore"}, {"max_restarts": -1},
+                   {"busy_poll": -1}, {"busy_poll": 5.0}, {"busy_poll": "fast"}):
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=name):
             DaskVecEnv(counting(2), client=dclient, **kwargs)
     with pytest.raises(TypeError):
         DaskVecEnv(counting(2), client=3.14)

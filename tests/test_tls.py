@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,10 +75,19 @@ class _CreateFile:
         return (open, (self.path, "w"))
 
 
-def _talk(address: tuple[str, int], payload: list[bytes | memoryview], read_nonce: bool) -> bytes:
+def _connect(address: tuple[str, int] | str) -> socket.socket:
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(address)
+        return sock
+    return socket.create_connection(address, timeout=30)
+
+
+def _talk(address: tuple[str, int] | str, payload: list[bytes | memoryview], read_nonce: bool) -> bytes:
     """Connect as a stranger, send ``payload`` and return everything the server sends back."""
     got = b""
-    with socket.create_connection(address, timeout=30) as sock:
+    with _connect(address) as sock:
         if read_nonce:
             got += sock.recv(32)
         for frame in payload:
@@ -94,7 +105,8 @@ def _talk(address: tuple[str, int], payload: list[bytes | memoryview], read_nonc
 
 
 @pytest.mark.timeout(120)
-def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sock", ["tcp", "unix"])
+def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path, sock: str) -> None:
     target = tmp_path / "pwned"
     evil = _CreateFile(str(target))
     # sanity: this pickle really creates the file when loaded
@@ -105,7 +117,10 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path)
     with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=client2, transport="direct",
                     envs_per_actor=2, timeout=60) as env:
         (group,) = env._groups
-        address = tuple(env._describe[group.gid]["address"])
+        desc = env._describe[group.gid]
+        address = tuple(desc["address"]) if sock == "tcp" else desc["unix_path"]
+        if sock == "unix":  # only this user may even reach the socket
+            assert stat.S_IMODE(os.stat(os.path.dirname(address)).st_mode) == 0o700
         refused_before = group.actor.refused_connections().result(timeout=30)
         request = ("step", ([evil, evil],))
         # 1: a well-formed request straight away, as if the handshake did not exist
