@@ -109,13 +109,33 @@ _PACKAGES = (
 
 
 # =========================================================================== envs
+def _spin(iterations: int) -> int:
+    total = 0
+    for i in range(iterations):
+        total += i
+    return total
+
+
+#: Loop iterations of :func:`_spin` per CPU second, updated as :func:`burn_cpu` runs.
+_SPIN_RATE = [2e7]
+
+
 def burn_cpu(seconds: float, since: float | None = None) -> None:
-    """Busy-loop until the calling thread has used ``seconds`` of CPU time.
+    """Compute until the calling thread has used ``seconds`` of CPU time.
 
     ``time.thread_time`` counts only this thread's CPU, so the cost of one step is the
     same whether the env runs alone in a subprocess or next to a Dask worker's event
     loop thread (``process_time`` would count those threads too), and a preempted
     step is not cut short as a wall-clock loop would be.
+
+    The work is plain Python arithmetic in chunks, each half of the CPU time left
+    (from a running estimate of the loop's speed), so the clock is read about ten
+    times per millisecond rather than in a tight loop. Reading a thread's CPU clock is
+    a system call; a loop of thousands of them is not what a simulator does, and on
+    virtual machines with speculative-execution mitigations it leaves the caches and
+    branch predictors cold: Python code run right after such a loop was measured
+    three times slower than after the same time of computing, which would charge the
+    vec env's own bookkeeping for the benchmark env's quirk.
 
     Parameters
     ----------
@@ -125,9 +145,15 @@ def burn_cpu(seconds: float, since: float | None = None) -> None:
         A ``time.thread_time()`` reading to count from (default: now), so that work
         done since then is part of the ``seconds``.
     """
-    end = (time.thread_time() if since is None else since) + seconds
-    while time.thread_time() < end:
-        continue
+    now = time.thread_time()
+    end = (now if since is None else since) + seconds
+    while now < end:
+        chunk = max(int(_SPIN_RATE[0] * (end - now) * 0.5), 64)
+        _spin(chunk)
+        later = time.thread_time()
+        if later > now:
+            _SPIN_RATE[0] = 0.8 * _SPIN_RATE[0] + 0.2 * chunk / (later - now)
+        now = later
 
 
 class BusyEnv(gym.Env[np.ndarray, np.int64]):

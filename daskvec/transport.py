@@ -30,6 +30,7 @@ client side (:mod:`daskvec.vec_env`) sends requests and waits for replies with
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import hashlib
 import hmac
 import io
@@ -43,8 +44,9 @@ import struct
 import tempfile
 import threading
 import time
+from collections import ChainMap
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import cloudpickle
 import numpy as np
@@ -84,49 +86,41 @@ class ChannelError(ConnectionError):
 OUT_OF_BAND_MIN_BYTES = 1 << 14
 
 
-def _array_pid(obj: Any, frames: list[memoryview]) -> Any:
+def _array_from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)  # a writable copy
+
+
+def _array_from_buffer(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)  # the received frame, not a copy
+
+
+def _reduce_array(arr: np.ndarray) -> Any:
     # NumPy's own pickling of small arrays goes through Python helpers and costs more
-    # than a whole CartPole step; a persistent id of (dtype, shape, bytes) does not.
-    if type(obj) is not np.ndarray or obj.dtype.hasobject:
-        return None
-    if obj.nbytes >= OUT_OF_BAND_MIN_BYTES:
-        arr = np.ascontiguousarray(obj)
-        frames.append(memoryview(arr.data).cast("B"))
-        return ("F", arr.dtype.str, arr.shape, len(frames))
-    return ("B", obj.dtype.str, obj.shape, obj.tobytes())
+    # than a whole CartPole step; (bytes, dtype, shape) does not. Only arrays reach
+    # this function (it is the pickler's dispatch entry for np.ndarray), so the other
+    # objects of a message are pickled by C code alone.
+    if arr.dtype.hasobject:
+        return arr.__reduce_ex__(5)
+    if arr.nbytes >= OUT_OF_BAND_MIN_BYTES:
+        arr = np.ascontiguousarray(arr)
+        return _array_from_buffer, (pickle.PickleBuffer(arr.data), arr.dtype.str, arr.shape)
+    return _array_from_bytes, (arr.tobytes(), arr.dtype.str, arr.shape)
 
 
-class _ArrayPickling:
-    """Pickler mix-in: NumPy arrays become persistent ids (see :func:`_array_pid`)."""
-
-    def __init__(self, file: io.BytesIO, frames: list[memoryview]) -> None:
-        super().__init__(file, protocol=5)  # type: ignore[call-arg]
-        self._frames = frames
-
-    def persistent_id(self, obj: Any) -> Any:
-        return _array_pid(obj, self._frames)
-
-
-class _Pickler(_ArrayPickling, pickle.Pickler):
+class _Pickler(pickle.Pickler):
     """The fast C pickler, for messages of plain data."""
 
 
-class _CloudPickler(_ArrayPickling, cloudpickle.Pickler):
+class _CloudPickler(cloudpickle.Pickler):
     """The fallback for what plain pickle cannot handle (lambdas, classes from ``__main__``)."""
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes | bytearray | memoryview, frames: Sequence[bytes | bytearray | memoryview]) -> None:
-        super().__init__(io.BytesIO(data))
-        self._frames = frames
-
-    def persistent_load(self, pid: Any) -> Any:
-        kind, dtype, shape, ref = pid
-        if kind == "F":
-            return np.frombuffer(self._frames[ref], dtype=dtype).reshape(shape)
-        if kind == "B":
-            return np.frombuffer(bytearray(ref), dtype=dtype).reshape(shape)
-        raise pickle.UnpicklingError(f"unknown persistent id kind {kind!r}")
+# Set after the class bodies: they are class-level tables, looked up by C code for types
+# pickle does not handle natively. ChainMaps are live views: what is registered with
+# copyreg (or cloudpickle) later still counts.
+_ARRAYS: dict[type, Any] = {np.ndarray: _reduce_array}
+_Pickler.dispatch_table = ChainMap(_ARRAYS, cast(Any, copyreg.dispatch_table))
+_CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_table)
 
 
 def encode(obj: Any) -> list[bytes | memoryview]:
@@ -145,17 +139,18 @@ def encode(obj: Any) -> list[bytes | memoryview]:
     list of bytes-like
         ``[header, pickle, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
-    frames: list[memoryview] = []
+    buffers: list[pickle.PickleBuffer] = []
     f = io.BytesIO()
     try:
-        _Pickler(f, frames).dump(obj)
+        _Pickler(f, protocol=5, buffer_callback=buffers.append).dump(obj)
     except Exception:
         # The C pickler is several times faster than cloudpickle; fall back to it only
         # for what plain pickle cannot handle (lambdas, classes from __main__, ...).
-        frames.clear()
+        buffers.clear()
         f = io.BytesIO()
-        _CloudPickler(f, frames).dump(obj)
+        _CloudPickler(f, protocol=5, buffer_callback=buffers.append).dump(obj)
     payload = f.getbuffer()
+    frames = [b.raw() for b in buffers]
     lengths = [payload.nbytes, *(r.nbytes for r in frames)]
     header = _COUNT.pack(len(lengths)) + struct.pack(f"!{len(lengths)}Q", *lengths)
     return [header, payload, *frames]
@@ -163,7 +158,7 @@ def encode(obj: Any) -> list[bytes | memoryview]:
 
 def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
     """Decode the frames made by :func:`encode` (without the header frame)."""
-    return _Unpickler(frames[0], frames).load()
+    return pickle.loads(frames[0], buffers=frames[1:])
 
 
 def pack(obj: Any) -> bytes:

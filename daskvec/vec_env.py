@@ -765,6 +765,8 @@ class DaskVecEnv(VecEnv):
         return {k: self.buf_obs[k][i].copy() for k in self.keys}
 
     def _obs_from_buf(self) -> VecEnvObs:
+        if self.keys == [None]:  # a single array: what dict_to_obs would return, without its checks
+            return self.buf_obs[None].copy()
         return dict_to_obs(self.observation_space, {k: np.copy(v) for k, v in self.buf_obs.items()})
 
     def reset(self) -> VecEnvObs:
