@@ -130,12 +130,8 @@ def burn_cpu(seconds: float, since: float | None = None) -> None:
 
     The work is plain Python arithmetic in chunks, each half of the CPU time left
     (from a running estimate of the loop's speed), so the clock is read about ten
-    times per millisecond rather than in a tight loop. Reading a thread's CPU clock is
-    a system call; a loop of thousands of them is not what a simulator does, and on
-    virtual machines with speculative-execution mitigations it leaves the caches and
-    branch predictors cold: Python code run right after such a loop was measured
-    three times slower than after the same time of computing, which would charge the
-    vec env's own bookkeeping for the benchmark env's quirk.
+    times per millisecond rather than in a tight loop: reading a thread's CPU clock is
+    a system call, and a loop of thousands of them is not what a simulator does.
 
     Parameters
     ----------
