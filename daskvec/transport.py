@@ -239,8 +239,8 @@ def _poll_readable(conn: socket.socket, budget: float) -> bool:
     flags = socket.MSG_PEEK | socket.MSG_DONTWAIT
     while True:
         try:
-            if conn.recv(1, flags):
-                return True
+            conn.recv(1, flags)
+            return True  # a byte waiting, or b"" when the peer closed: the receive finds out which
         except BlockingIOError:
             pass
         except OSError:
@@ -319,7 +319,8 @@ class ChannelServer:
     ) -> None:
         if not busy_poll >= 0:
             raise ValueError(f"busy_poll must be a number of seconds >= 0, not {busy_poll!r}")
-        self._busy_poll = float(busy_poll)
+        # polling needs non-blocking peeks and sched_yield (POSIX); elsewhere it is off
+        self._busy_poll = float(busy_poll) if hasattr(socket, "MSG_DONTWAIT") and hasattr(os, "sched_yield") else 0.0
         self._token = token
         self._handler = handler
         self._name = name
