@@ -6,8 +6,9 @@ moves each step's data. There are two channels with one interface:
 :class:`DirectChannel`
     The fast path. The actor listens on a TCP port of its worker's host and on a
     Unix socket in a private directory; the client keeps one socket to it, the Unix
-    one when both run on the same machine (a loopback TCP round trip costs several
-    times more CPU in the kernel), TCP otherwise. A request is a single ``sendmsg`` of a small
+    one when both run on the same machine (a loopback TCP send costs more kernel
+    time), TCP otherwise. After each reply the actor can busy-poll briefly for the
+    next request (``busy_poll``). A request is a single ``sendmsg`` of a small
     header, one pickle and the raw buffers of any NumPy arrays (pickle protocol 5,
     out of band, so arrays are never pickled element by element). A connection is
     served only after a mutual HMAC-SHA256 challenge over a fresh random token that
