@@ -432,6 +432,10 @@ class Options:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def dask_kwargs(self) -> dict[str, Any]:
+        """The ``DaskVecEnv`` options these settings ask for."""
+        return {"client": self.scheduler, "transport": self.transport, "env_process": self.env_process}
+
 
 # =========================================================================== vec envs
 def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options) -> Any:
@@ -448,7 +452,7 @@ def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options) -> Any:
     if kind == "dask":
         from daskvec.vec_env import DaskVecEnv
 
-        return DaskVecEnv(fns, client=opts.scheduler, transport=opts.transport, env_process=opts.env_process)
+        return DaskVecEnv(fns, **opts.dask_kwargs())
     raise ValueError(f"unknown vec env {kind!r}; choose from {VEC_ENVS}")
 
 
@@ -606,10 +610,7 @@ def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
     if kind == "dask":
         from daskvec.vec_env import DaskVecEnv
 
-        classes["dask"] = (
-            DaskVecEnv,
-            {"client": opts.scheduler, "transport": opts.transport, "env_process": opts.env_process},
-        )
+        classes["dask"] = (DaskVecEnv, opts.dask_kwargs())
     cls, kwargs = classes[kind]
     n_steps = int(min(2048, max(8, math.ceil(opts.training_timesteps / n_envs))))
     batch_size = int(min(64, n_steps * n_envs))
@@ -864,12 +865,7 @@ def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) 
 
     case = _cases("light", [n_envs], opts.heavy_step_s)[0]
     actions = action_cycle(gym.make("CartPole-v1").action_space, n_envs, _ACTION_CYCLE, opts.seed)
-    env = DaskVecEnv(
-        [case.make for _ in range(n_envs)],
-        client=opts.scheduler,
-        transport=opts.transport,
-        env_process=opts.env_process,
-    )
+    env = DaskVecEnv([case.make for _ in range(n_envs)], **opts.dask_kwargs())
     stepper = _Stepper("dask", env, opts.seed)
     try:
         link = env.dashboard_link

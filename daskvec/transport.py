@@ -405,18 +405,21 @@ class ChannelServer:
                 return
             if conn.family != getattr(socket, "AF_UNIX", None):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            budget, misses, replied = self._busy_poll, _POLL_MISSES, None
+            # no polling before the first request that came within the budget of a reply
+            budget, misses, replied = self._busy_poll, _POLL_MISSES, -float("inf")
+            me = id(conn)
+            only_me = {me}
             while not self._closed.is_set():
-                if replied is not None and misses < _POLL_MISSES and not _HOT - {id(conn)}:
+                if misses < _POLL_MISSES and _HOT.issubset(only_me):  # no other hot connection here
                     _poll_readable(conn, budget)
                 try:
                     frames = _recv_frames(conn)
                 except (OSError, ChannelError):
                     return
                 if budget:
-                    quick = replied is not None and time.perf_counter() - replied <= budget
+                    quick = time.perf_counter() - replied <= budget
                     misses = 0 if quick else misses + 1
-                    (_HOT.add if quick else _HOT.discard)(id(conn))
+                    (_HOT.add if quick else _HOT.discard)(me)
                 reply = self._handler(decode(frames))
                 try:
                     _send_frames(conn, encode(reply))

@@ -455,20 +455,18 @@ class DaskVecEnv(VecEnv):
                 for indices, worker in pending:
                     token = secrets.token_bytes(32) if self.transport != "actor" else None
                     key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
-                    args: list[Any] = [
+                    options: dict[str, Any] = {"busy_poll": self.busy_poll}
+                    if self.env_process:
+                        options["build_timeout"] = self.timeout
+                    fut = self.client.submit(
+                        EnvHost if self.env_process else EnvGroup,
                         self._blob(indices),
                         indices,
                         token,
                         self.on_env_error,
                         self.max_restarts,
                         [int(self.error_restarts[i]) for i in indices],
-                    ]
-                    if self.env_process:
-                        args.append(self.timeout)  # build_timeout
-                    fut = self.client.submit(
-                        EnvHost if self.env_process else EnvGroup,
-                        *args,
-                        busy_poll=self.busy_poll,
+                        **options,
                         actor=True,
                         workers=[worker],
                         allow_other_workers=False,

@@ -550,8 +550,11 @@ class EnvHost:
 
     Parameters
     ----------
-    factories, env_indices, token, on_env_error, max_restarts, restarts
+    factories, env_indices, token
         As for :class:`EnvGroup`.
+    *group_options
+        :class:`EnvGroup`'s further positional arguments (``on_env_error``,
+        ``max_restarts``, ``restarts``), handed to it unchanged in the env process.
     build_timeout : float
         Seconds the envs may take to build before the process is killed and
         ``TimeoutError`` is raised.
@@ -564,11 +567,8 @@ class EnvHost:
         factories: bytes,
         env_indices: list[int],
         token: bytes | None = None,
-        on_env_error: str = "raise",
-        max_restarts: int = 10,
-        restarts: list[int] | None = None,
+        *group_options: Any,
         build_timeout: float = 300.0,
-        *,
         busy_poll: float = 0.0,
     ) -> None:
         worker = _current_worker()
@@ -580,16 +580,13 @@ class EnvHost:
         # client does not use the direct path (then nothing but the actor can reach the envs)
         local_token = token if token is not None else secrets.token_bytes(32)
         config = {
-            "factories": factories,
-            "env_indices": self.env_indices,
-            "token": local_token,
-            "on_env_error": on_env_error,
-            "max_restarts": max_restarts,
-            "restarts": restarts,
-            "worker_address": self.worker_address,
-            "listen_host": _listen_host(worker) if token is not None else "127.0.0.1",
-            "unix_dir": _unix_dir(worker),
-            "busy_poll": busy_poll,
+            "group_args": (factories, self.env_indices, local_token, *group_options),
+            "group_kwargs": {
+                "worker_address": self.worker_address,
+                "listen_host": _listen_host(worker) if token is not None else "127.0.0.1",
+                "unix_dir": _unix_dir(worker),
+                "busy_poll": busy_poll,
+            },
             "sys_path": list(sys.path),
         }
         self._proc, desc = _start_env_process(config, self.env_indices, build_timeout)
@@ -799,18 +796,7 @@ def host_main() -> None:
             sys.path.insert(0, entry)
     group: EnvGroup | None = None
     try:
-        group = EnvGroup(
-            config["factories"],
-            config["env_indices"],
-            config["token"],
-            config["on_env_error"],
-            config["max_restarts"],
-            config["restarts"],
-            worker_address=config["worker_address"],
-            listen_host=config["listen_host"],
-            unix_dir=config["unix_dir"],
-            busy_poll=config["busy_poll"],
-        )
+        group = EnvGroup(*config["group_args"], **config["group_kwargs"])
         reply: tuple[str, Any] = ("ok", group.describe())
     except BaseException as e:  # sent to the actor, which raises it on the worker
         reply = ("err", _portable_exception(e))

@@ -414,14 +414,19 @@ def test_frozen_env_under_step_timeout(
 
 
 # --------------------------------------------------------------------------- env processes
+def env_process_vec(procs: DaskProcesses, envs_per_actor: int) -> DaskVecEnv:
+    """4 CountingEnvs with ``env_process=True`` over 2 worker processes."""
+    ensure_workers(procs, 2)
+    return DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address,
+                      envs_per_actor=envs_per_actor, timeout=60, env_process=True)
+
+
 @pytest.mark.timeout(180)
 def test_crashed_env_process_is_rebuilt_and_its_worker_kept(procs: DaskProcesses) -> None:
     """SIGKILL of the process stepping one group (an env that crashed the interpreter)."""
     import signal
 
-    ensure_workers(procs, 2)
-    env = DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address,
-                     envs_per_actor=2, timeout=60, env_process=True)
+    env = env_process_vec(procs, envs_per_actor=2)
     try:
         worker_pids = set(group_pids(env))
         victim = env.groups[0]
@@ -455,9 +460,7 @@ def test_crashed_env_process_is_rebuilt_and_its_worker_kept(procs: DaskProcesses
 
 @pytest.mark.timeout(180)
 def test_env_processes_end_with_their_worker_and_on_close(procs: DaskProcesses) -> None:
-    ensure_workers(procs, 2)
-    env = DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address,
-                     envs_per_actor=1, timeout=60, env_process=True)
+    env = env_process_vec(procs, envs_per_actor=1)
     try:
         env.reset()
         doomed_pid, doomed_envs = sorted(group_pids(env).items())[0]
