@@ -1,4 +1,4 @@
-"""The direct channel on its own: Unix and TCP sockets, and the busy poll after each reply.
+"""The transport on its own: message encoding, Unix and TCP sockets, and the busy poll.
 
 These run a real :class:`ChannelServer` on threads of the test process and talk to it
 through :class:`DirectChannel`, so CPU time spent polling shows in the CPU clocks of
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from daskvec.transport import ChannelError, ChannelServer, DirectChannel, machine_id
+from daskvec.transport import ChannelError, ChannelServer, DirectChannel, decode, encode, machine_id, pack, unpack
 
 TOKEN = secrets.token_bytes(32)
 
@@ -32,6 +32,99 @@ def server(request: pytest.FixtureRequest) -> Iterator[ChannelServer]:
     srv = ChannelServer("127.0.0.1", TOKEN, echo, name="test", busy_poll=getattr(request, "param", 0.0))
     yield srv
     srv.close()
+
+
+def same(a: object, b: object) -> bool:
+    """Equal values of equal types, arrays by dtype, shape and content, dicts in key order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray)
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def step_reply(obs: np.ndarray, /, **changes: object) -> tuple[str, dict[str, object]]:
+    """A step reply as :meth:`daskvec.worker.EnvGroup._step` builds it: env 1 finished an episode."""
+    n = len(obs)
+    infos: list[dict[str, object]] = [{"TimeLimit.truncated": False} for _ in range(n)]
+    infos[1] = {"TimeLimit.truncated": True, "terminal_observation": obs[1] + 1}
+    body: dict[str, object] = {
+        "obs": obs,
+        "rewards": np.arange(n, dtype=np.float64) / 2,
+        "dones": np.arange(n) == 1,
+        "infos": infos,
+        "reset_infos": {1: {}},
+        "env_seconds": 0.004,
+        "restarts": [0, 3, *[0] * (n - 2)],
+    }
+    body.update(changes)
+    return ("ok", body)
+
+
+def wire(frames: list[bytes | memoryview]) -> list[bytearray]:
+    """What the receiving side of a socket gets for ``encode``'s frames (without the header)."""
+    return [bytearray(memoryview(f).cast("B")) for f in frames[1:]]
+
+
+COMPACT = [
+    ("step", (np.array([1, 0, 1], dtype=np.int64),)),
+    ("step", (np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),)),
+    step_reply(np.arange(12, dtype=np.float32).reshape(3, 4)),
+    step_reply(np.zeros((4, 32, 32, 3), dtype=np.uint8) + 7),  # large: observations out of band
+    step_reply(
+        np.ones((2, 3)),
+        dones=np.zeros(2, dtype=bool),
+        infos=[{"TimeLimit.truncated": False}] * 2,
+        reset_infos={},
+        restarts=[0, 0],
+    ),
+]
+PICKLED = [
+    ("step", ([1, 0, 1],)),  # actions not in an array
+    ("step", (np.array([{}, {}], dtype=object),)),
+    ("reset", ([None, 1], [None, None])),
+    step_reply(np.zeros((3, 2)), infos=[{"TimeLimit.truncated": False, "episode": {"r": 1.0}}] * 3),
+    step_reply(np.zeros((3, 2)), reset_infos={1: {"level": 2}}),
+    step_reply(np.zeros((3, 2)), obs={"a": np.zeros((3, 2))}),
+    step_reply(np.zeros((3, 2)), restarts=[0, 1.5, 0]),
+    ("err", {"type": "ValueError", "message": "boom"}),
+]
+
+
+@pytest.mark.parametrize("message", COMPACT)
+def test_step_messages_travel_as_raw_arrays(message: object) -> None:
+    frames = encode(message)
+    assert memoryview(frames[1])[0] in (0x01, 0x02)  # a compact tag, not a pickle
+    got = decode(wire(frames))
+    assert same(got, message)
+    via_actor = unpack(pack(message))  # immutable bytes: arrays must still be writable
+    assert same(via_actor, message)
+    for value in (got[1][0], via_actor[1][0]) if message[0] == "step" else (got[1]["obs"], via_actor[1]["obs"]):
+        assert isinstance(value, np.ndarray) and value.flags.writeable
+
+
+@pytest.mark.parametrize("message", PICKLED)
+def test_other_messages_stay_pickles(message: object) -> None:
+    frames = encode(message)
+    assert memoryview(frames[1])[0] == 0x80
+    assert same(decode(wire(frames)), message)
+
+
+def test_malformed_compact_messages_fail_clearly() -> None:
+    frames = wire(encode(COMPACT[2]))
+    with pytest.raises(ChannelError, match="malformed"):
+        decode([frames[0][:20]])
+    with pytest.raises(ChannelError, match=r"malformed message \(payload starts with byte 7\)"):
+        decode([bytearray(b"\x07rest")])
+    with pytest.raises(ChannelError, match="malformed"):
+        decode([bytearray()])
 
 
 @pytest.mark.parametrize("family", ["tcp", "unix"])
