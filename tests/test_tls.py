@@ -105,8 +105,12 @@ def _talk(address: tuple[str, int] | str, payload: list[bytes | memoryview], rea
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sock", ["tcp", "unix"])
-def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path, sock: str) -> None:
+@pytest.mark.parametrize(
+    ("sock", "env_process"),
+    [("tcp", False), ("unix", False), ("tcp", True)],
+    ids=["tcp", "unix", "tcp-env-process"],
+)
+def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path, sock: str, env_process: bool) -> None:
     target = tmp_path / "pwned"
     evil = _CreateFile(str(target))
     # sanity: this pickle really creates the file when loaded
@@ -115,12 +119,14 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path,
     target.unlink()
 
     with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=client2, transport="direct",
-                    envs_per_actor=2, timeout=60) as env:
+                    envs_per_actor=2, timeout=60, env_process=env_process) as env:
         (group,) = env._groups
         desc = env._describe[group.gid]
         address = tuple(desc["address"]) if sock == "tcp" else desc["unix_path"]
         if sock == "unix":  # only this user may even reach the socket
             assert stat.S_IMODE(os.stat(os.path.dirname(address)).st_mode) == 0o700
+        # with env_process, the channel is the env process's and the actor forwards the count
+        assert ("env_pid" in desc) == env_process  # only an EnvHost reports a separate env process
         refused_before = group.actor.refused_connections().result(timeout=30)
         request = ("step", ([evil, evil],))
         # 1: a well-formed request straight away, as if the handshake did not exist
