@@ -112,7 +112,9 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
 
 
 #: Dask config of the embedded cluster's workers (see :func:`embedded_cluster`). Actor
-#: methods never appear in Dask's profiles, so sampling them every 10 ms buys nothing.
+#: methods never appear in Dask's profiles, so sampling them every 10 ms buys nothing;
+#: on CPython 3.11 the sampling can also deadlock a worker while an env group starts its
+#: threads (see :func:`daskvec.worker.profiler_hazard`).
 EMBEDDED_WORKER_CONFIG: dict[str, Any] = {
     "distributed.worker.profile.enabled": False,
     "distributed.worker.memory.monitor-interval": "1s",

@@ -304,6 +304,7 @@ class DaskVecEnv(VecEnv):
         # fault tolerance (see the "fault tolerance" section)
         self._broken: BaseException | None = None
         self._worker_deadlines: dict[str, float | None] = {}
+        self._profiler_warned: set[str] = set()
         self._pending_moves: _Moves | None = None
         self._pending_reports: dict[int, tuple[dict[str, Any], Any]] = {}
         self._next_migrate_check = 0.0
@@ -500,6 +501,7 @@ class DaskVecEnv(VecEnv):
                     channel = self._connect(actor, desc, token)
                     g = _Group(key, list(indices), desc["worker"], fut, actor, channel, desc.get("deadline"))
                     self._worker_deadlines[desc["worker"]] = desc.get("deadline")
+                    self._warn_profiler(desc)
                     self._describe[key] = desc
                     created.append(g)
                 if retry:
@@ -518,6 +520,20 @@ class DaskVecEnv(VecEnv):
             self._teardown_groups(created, graceful=False)
             raise
         return created
+
+    def _warn_profiler(self, desc: dict[str, Any]) -> None:
+        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``)."""
+        worker = desc["worker"]
+        if not desc.get("profiler_hazard") or worker in self._profiler_warned:
+            return
+        self._profiler_warned.add(worker)
+        logger.warning(
+            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can "
+            "deadlock a worker while env groups start their threads (python/cpython#106883); "
+            "start the workers with the config distributed.worker.profile.enabled: false "
+            "(env var DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False) or use Python 3.12+",
+            worker,
+        )
 
     def _await_actor(self, fut: Any, worker: str, timeout: float) -> Any:
         """Wait for an actor to be created on ``worker``, giving up early if the worker leaves.

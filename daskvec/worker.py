@@ -120,6 +120,19 @@ def _current_worker() -> Any:
         return None
 
 
+def profiler_hazard(worker: Any) -> bool:
+    """Whether ``worker`` samples thread stacks on a Python that can deadlock doing so.
+
+    On CPython 3.11 ``sys._current_frames()``, which Dask's worker profiler calls every
+    few milliseconds while a task runs, can deadlock the whole process against a thread
+    that starts or ends at the same moment (python/cpython#106883; not seen on 3.12).
+    An env group starts threads when it is created, so such a worker can freeze while
+    envs are placed on it or moved to it.
+    """
+    callbacks = getattr(worker, "periodic_callbacks", None) or {}
+    return sys.version_info < (3, 12) and "profile" in callbacks
+
+
 def _slurm_end_time() -> float | None:
     job = os.environ.get("SLURM_JOB_ID")
     squeue = shutil.which("squeue")
@@ -307,6 +320,7 @@ class EnvGroup:
             "worker": self.worker_address,
             "pid": os.getpid(),
             "deadline": self.deadline,
+            "profiler_hazard": profiler_hazard(self._worker),
         }
 
     def refused_connections(self) -> int:
@@ -605,6 +619,7 @@ class EnvHost:
             pid=os.getpid(),
             env_pid=self._proc.pid,
             deadline=worker_deadline(worker),
+            profiler_hazard=profiler_hazard(worker),
             address=desc["address"] if token is not None else None,
             unix_path=desc["unix_path"] if token is not None else None,
         )

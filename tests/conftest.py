@@ -18,6 +18,16 @@ import pytest
 # Stepping tests must not be slowed by BLAS/torch thread oversubscription on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# Every worker the suite starts (LocalCluster, `dask worker`, SLURM jobs inherit the
+# environment) runs without Dask's stack-sampling profiler: on CPython 3.11 it can
+# deadlock a worker while an env group starts its threads (python/cpython#106883, seen
+# once in CI as a worker frozen in Thread.start). DaskVecEnv warns users about such
+# workers; test_errors checks that warning on a cluster that keeps the profiler on.
+os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+if "dask" in sys.modules:  # imported before this file (a plugin): read the variable again
+    import dask
+
+    dask.config.refresh()
 
 TESTS_DIR = Path(__file__).parent
 

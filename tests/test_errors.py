@@ -258,3 +258,37 @@ def test_timeout_with_restart_policy_does_not_hang(dclient: Any) -> None:
         assert venv.get_attr("horizon", indices=1) == [10]  # the other env was not disturbed
     finally:
         venv.close()
+
+
+def _profiler_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "python/cpython#106883" in r.getMessage()]
+
+
+@pytest.mark.timeout(180)
+def test_warns_once_per_worker_that_profiles_on_python_311(dclient: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import sys
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    hazard = sys.version_info < (3, 12)
+    caplog.set_level(logging.WARNING, logger="daskvec")
+    # the suite's own workers run without the profiler (conftest): no warning
+    with DaskVecEnv(counting(2), client=dclient, envs_per_actor=1, timeout=60):
+        pass
+    assert _profiler_warnings(caplog) == []
+    # Dask's default: the profiler on
+    with (
+        dask.config.set({"distributed.worker.profile.enabled": True}),
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                     silence_logs=40) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        DaskVecEnv(counting(2), client=client, envs_per_actor=1, timeout=60) as env,
+    ):
+        assert len(env.groups) == 2  # two groups on the one worker
+        warned = _profiler_warnings(caplog)
+        assert len(warned) == (1 if hazard else 0), warned
+        if hazard:
+            assert "distributed.worker.profile.enabled: false" in warned[0]
+            assert env.groups[0]["worker"] in warned[0]
