@@ -314,6 +314,12 @@ def _has_option(args: list[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in args)
 
 
+#: First line of the job script prologue of the clusters :func:`cluster_for_envs` makes
+#: for the batch systems whose job script is a shell script.
+NO_PROFILER_EXPORT = "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"
+_SHELL_SCRIPT_SYSTEMS = frozenset({"slurm", "pbs", "sge", "lsf", "oar", "moab"})
+
+
 def cluster_for_envs(
     cluster_cls: Any,
     n_envs: int,
@@ -360,7 +366,11 @@ def cluster_for_envs(
         ``scheduler_options``, ``log_directory``, ``job_extra_directives``, ...).
         ``cores``, ``processes`` and ``memory`` come from the plan; your
         ``worker_extra_args`` are kept and the plan's added (an explicit
-        ``--lifetime`` or ``--resources`` of yours wins).
+        ``--lifetime`` or ``--resources`` of yours wins). On SLURM, PBS, SGE, LSF,
+        OAR and Moab the job script first exports ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False`` (Dask's profiler
+        can deadlock workers on Python 3.11, see
+        :func:`daskvec.worker.profiler_hazard`), then runs your
+        ``job_script_prologue`` (or the configured one), which may override it.
 
     Returns
     -------
@@ -409,6 +419,15 @@ def cluster_for_envs(
         if not _has_option(user_args, opt) and not explicit_lifetime:
             merged += [opt, value]
     kwargs = {**plan.cluster_kwargs(), "worker_extra_args": merged, **cluster_kwargs}
+    if system in _SHELL_SCRIPT_SYSTEMS:
+        # workers without Dask's stack-sampling profiler (see daskvec.worker.profiler_hazard);
+        # a prologue of the user's, or from the config, runs after this line and may undo it
+        prologue = kwargs.get("job_script_prologue")
+        if prologue is None:
+            import dask
+
+            prologue = dask.config.get(f"jobqueue.{system}.job-script-prologue", None) or []
+        kwargs["job_script_prologue"] = [NO_PROFILER_EXPORT, *prologue]
     if scaling not in _SCALINGS:
         raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
     cluster = cluster_cls(**kwargs)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 
@@ -16,6 +17,7 @@ dask_jobqueue = pytest.importorskip("dask_jobqueue")
 from daskvec.cluster import scheduler_workers  # noqa: E402
 from daskvec.jobqueue import (  # noqa: E402
     DEFAULT_RESOURCE,
+    NO_PROFILER_EXPORT,
     cluster_for_envs,
     parse_walltime,
     plan_jobs,
@@ -139,6 +141,8 @@ def test_job_script_of_each_backend(backend: str, tmp_path: Path) -> None:
         assert (plan.workers, plan.jobs, plan.cores_per_job) == (8, 2, 4)
         assert directive in script
         assert cores_line in script
+        # batch systems that run a shell script start their workers without Dask's profiler
+        assert (NO_PROFILER_EXPORT in script.splitlines()) == (backend != "HTCondorCluster")
         if walltime_line is not None:
             assert walltime_line in script
         # the worker command: 4 processes of 1 thread, each advertising 2 env slots
@@ -172,6 +176,28 @@ def test_user_worker_args_win(tmp_path: Path) -> None:
         assert DEFAULT_RESOURCE not in command
     finally:
         cluster.close()
+
+
+def test_workers_start_without_the_profiler_unless_the_prologue_says_otherwise(tmp_path: Path) -> None:
+    def lines(**kwargs: object) -> list[str]:
+        cluster, _ = cluster_for_envs(
+            dask_jobqueue.SLURMCluster, 2, walltime="01:00:00", scaling="none", scheduler_options=SCHEDULER,
+            log_directory=str(tmp_path), **kwargs,
+        )
+        try:
+            return cluster.job_script().splitlines()
+        finally:
+            cluster.close()
+
+    script = lines()
+    export = script.index(NO_PROFILER_EXPORT)
+    assert export < next(i for i, line in enumerate(script) if "distributed.cli.dask_worker" in line)
+    mine = "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True"
+    script = lines(job_script_prologue=["module load python", mine])
+    assert script.index(NO_PROFILER_EXPORT) < script.index("module load python") < script.index(mine)
+    with dask.config.set({"jobqueue.slurm.job-script-prologue": ["source env.sh"]}):
+        script = lines()
+    assert script.index(NO_PROFILER_EXPORT) < script.index("source env.sh")
 
 
 def test_cluster_for_envs_rejects_plan_fields() -> None:
