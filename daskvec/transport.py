@@ -130,13 +130,12 @@ _CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_ta
 # The two messages of every step have a fixed form: ("step", (actions,)) and, in the
 # common case, a reply whose infos carry nothing but the keys the group adds itself.
 # They are written as raw arrays behind a one-byte tag instead of as a pickle: no
-# pickler, no reduce callbacks, no dicts to rebuild by the unpickler. That is a few
-# microseconds of Python per message when warm, but on a machine whose cores cool
-# down while a process waits, the same code right after a wait runs 5-10x slower, and
-# each of these messages sits on the critical path of every step. Every other
-# message, and every step reply that does not fit (dict observations, infos with
-# keys of the env's own, reset infos that are not empty), stays a pickle. A pickle of
-# protocol 2 or later starts with 0x80, so the tags below never collide with one.
+# pickler, no reduce callbacks, no dicts to rebuild by the unpickler. Both sit on the
+# critical path of every step; with cheap envs this gave 14% more steps per second
+# (docs/benchmark.md). Every other message, and every step reply that does not fit
+# (dict observations, infos with keys of the env's own, reset infos that are not
+# empty), stays a pickle. A pickle of protocol 2 or later starts with 0x80, so the
+# tags below never collide with one.
 _STEP_REQUEST = 0x01
 _STEP_REPLY = 0x02
 _PICKLE = 0x80
