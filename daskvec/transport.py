@@ -635,7 +635,11 @@ class ChannelServer:
                     quick = time.perf_counter() - replied <= budget
                     misses = 0 if quick else misses + 1
                     (_HOT.add if quick else _HOT.discard)(me)
-                reply = self._handler(decode(frames))
+                try:
+                    reply = self._handler(decode(frames))
+                except ChannelError as e:  # a malformed message, or a handler that is gone
+                    logger.warning("daskvec channel %s dropped a connection: %s", self._name, e)
+                    return
                 try:
                     _send_frames(conn, encode(reply))
                 except OSError:

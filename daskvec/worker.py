@@ -262,7 +262,7 @@ class EnvGroup:
                     )
                 seen[id(env)] = pos
         except BaseException:
-            self._close_envs()
+            _close_envs(self.envs, self.worker_address)
             raise
         n = len(self.envs)
         self._returns = np.zeros(n, dtype=np.float64)
@@ -274,11 +274,18 @@ class EnvGroup:
         self._server: ChannelServer | None = None
         if token is not None:
             host = listen_host or _listen_host(self._worker)
+            # the server's threads must not keep the group alive: see _release below
             self._server = ChannelServer(
-                host, token, self.dispatch, name="daskvec-group",
+                host, token, _weak_dispatch(weakref.ref(self)), name="daskvec-group",
                 unix_dir=_unix_dir(self._worker) if unix_dir == "" else unix_dir,
                 busy_poll=busy_poll,
             )
+        # Closes the channel and the envs once: from shutdown(), or when the group is
+        # garbage collected because Dask dropped the actor without a shutdown (its client
+        # died, e.g. a notebook kernel killed mid-run). Without it the envs, the sockets
+        # and the listening threads of such a group would stay on the worker for good.
+        self._release = weakref.finalize(self, _release_group, self._server, self.envs, self.stats, self.worker_address)
+        self._release.atexit = False
         self._commands: dict[str, Callable[..., Any]] = {
             "step": self._step,
             "reset": self._reset,
@@ -340,16 +347,8 @@ class EnvGroup:
             if self._closed:
                 return False
             self._closed = True
-        self._close_envs()
-        metrics.forget(self.stats)
+        self._release()
         return True
-
-    def _close_envs(self) -> None:
-        for env in self.envs:
-            try:
-                env.close()
-            except Exception:  # an env that fails to close must not stop the others
-                logger.exception("closing an env on %s failed", self.worker_address)
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, data: bytes) -> bytes:
@@ -521,6 +520,36 @@ class EnvGroup:
 
     def __repr__(self) -> str:
         return f"EnvGroup(envs={self.env_indices}, worker={self.worker_address!r})"
+
+
+def _close_envs(envs: Sequence[gym.Env[Any, Any]], where: str) -> None:
+    for env in envs:
+        try:
+            env.close()
+        except Exception:  # an env that fails to close must not stop the others
+            logger.exception("closing an env on %s failed", where)
+
+
+def _release_group(
+    server: ChannelServer | None, envs: list[gym.Env[Any, Any]], stats: metrics.GroupStats, where: str
+) -> None:
+    """Close what an :class:`EnvGroup` holds (its finalizer: must not refer to the group)."""
+    if server is not None:
+        server.close()
+    _close_envs(envs, where)
+    metrics.forget(stats)
+
+
+def _weak_dispatch(ref: weakref.ref[EnvGroup]) -> Callable[[Any], Any]:
+    """The direct channel's handler: the group's ``dispatch``, without keeping the group alive."""
+
+    def dispatch(request: Any) -> Any:
+        group = ref()
+        if group is None:
+            raise ChannelError("the env group was released")
+        return group.dispatch(request)
+
+    return dispatch
 
 
 def _listen_host(worker: Any) -> str:

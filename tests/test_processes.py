@@ -63,3 +63,61 @@ def test_scheduler_address_and_worker_processes(dask_processes: Any) -> None:
         while observer.run_on_scheduler(actors):
             assert time.monotonic() < deadline, "actors still alive after close()"
             time.sleep(0.1)
+
+
+_CLIENT_SCRIPT = """
+import functools, sys, time
+import gymnasium as gym
+from daskvec import DaskVecEnv
+env = DaskVecEnv([functools.partial(gym.make, "CartPole-v1")] * 4, client=sys.argv[1], timeout=60)
+env.reset()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_groups_of_a_killed_client_are_released(dask_processes: Any, tmp_path: Any) -> None:
+    """A client that dies without closing (kill -9, a notebook kernel killed) leaves nothing on the workers."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from distributed import Client
+
+    def _held_by_workers() -> tuple[int, int]:  # defined here: sent to the workers by value
+        """(EnvGroups alive, daskvec threads) in a worker process, after a garbage collection."""
+        import gc
+        import threading
+
+        from daskvec.worker import EnvGroup
+
+        gc.collect()
+        groups = sum(isinstance(o, EnvGroup) for o in gc.get_objects())
+        threads = sum(t.name.startswith("daskvec-group") for t in threading.enumerate())
+        return groups, threads
+
+    procs = dask_processes(2)
+    script = tmp_path / "client.py"
+    script.write_text(_CLIENT_SCRIPT)
+    user = subprocess.Popen([sys.executable, str(script), procs.address], cwd=tmp_path, env=procs.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert user.stdout is not None
+        assert user.stdout.readline().strip() == "ready"
+        with Client(procs.address, set_as_default=False, timeout=60) as observer:
+            held = observer.run(_held_by_workers)
+            assert sum(g for g, _ in held.values()) == 2  # one group of 2 envs per worker
+            assert all(t >= 3 for _, t in held.values())  # two listeners and a connection each
+            os.kill(user.pid, signal.SIGKILL)
+            user.wait(timeout=30)
+            deadline = time.monotonic() + 60
+            while any(held.values()) and time.monotonic() < deadline:
+                time.sleep(1)
+                held = {w: v for w, v in observer.run(_held_by_workers).items() if any(v)}
+            assert not held, f"groups and threads left on the workers after the client died: {held}"
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.wait(timeout=30)
