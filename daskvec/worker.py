@@ -24,8 +24,10 @@ import Stable-Baselines3 or torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import queue
 import secrets
 import select
 import shutil
@@ -284,8 +286,12 @@ class EnvGroup:
         # garbage collected because Dask dropped the actor without a shutdown (its client
         # died, e.g. a notebook kernel killed mid-run). Without it the envs, the sockets
         # and the listening threads of such a group would stay on the worker for good.
-        self._release = weakref.finalize(self, _release_group, self._server, self.envs, self.stats, self.worker_address)
-        self._release.atexit = False
+        # The collector can run anywhere, even inside a lock this work needs, so the
+        # finalizer only queues the work for the reaper thread.
+        self._release_job = functools.partial(_release_group, self._server, self.envs, self.stats, self.worker_address)
+        _start_reaper()
+        self._finalizer = weakref.finalize(self, _RELEASES.put, self._release_job)
+        self._finalizer.atexit = False
         self._commands: dict[str, Callable[..., Any]] = {
             "step": self._step,
             "reset": self._reset,
@@ -347,7 +353,8 @@ class EnvGroup:
             if self._closed:
                 return False
             self._closed = True
-        self._release()
+        if self._finalizer.detach() is not None:  # not released by the collector already
+            self._release_job()
         return True
 
     # ---------------------------------------------------------------- dispatch
@@ -540,6 +547,31 @@ def _release_group(
     metrics.forget(stats)
 
 
+#: Releases of collected groups and env processes, queued by their finalizers (a
+#: SimpleQueue's ``put`` is safe in a finalizer) and carried out by one reaper thread
+#: per process.
+_RELEASES: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_reaper: threading.Thread | None = None
+_reaper_lock = threading.Lock()
+
+
+def _reap_groups() -> None:
+    while True:
+        job = _RELEASES.get()
+        try:
+            job()
+        except Exception:
+            logger.exception("releasing a dropped env group failed")
+
+
+def _start_reaper() -> None:
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap_groups, name="daskvec-reaper", daemon=True)
+            _reaper.start()
+
+
 def _weak_dispatch(ref: weakref.ref[EnvGroup]) -> Callable[[Any], Any]:
     """The direct channel's handler: the group's ``dispatch``, without keeping the group alive."""
 
@@ -632,6 +664,7 @@ class EnvHost:
             },
             "sys_path": list(sys.path),
         }
+        _start_reaper()
         self._proc, desc = _start_env_process(config, self.env_indices, build_timeout)
         # released without shutdown() (a lost or hung group is dropped by the client): stop it then
         self._finalizer = weakref.finalize(self, _stop_env_process, self._proc, False)
@@ -782,14 +815,15 @@ def _read_message(fd: int, timeout: float) -> bytes | None:
 def _stop_env_process(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
     """Ask the env process to stop (its stdin closes), then kill it if it does not.
 
-    With ``wait=False`` (the actor was released, possibly on the worker's event loop)
-    the waiting and killing happen on a daemon thread.
+    With ``wait=False`` (the actor was released, possibly on the worker's event loop
+    or inside the garbage collector) the waiting and killing happen on the reaper
+    thread.
     """
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
-    if not wait:
-        threading.Thread(target=_reap, args=(proc,), name="daskvec-env-reap", daemon=True).start()
+    if not wait:  # possibly inside the garbage collector: no thread starts here
+        _RELEASES.put(functools.partial(_reap, proc))
     else:
         _reap(proc)
 

@@ -69,7 +69,8 @@ _CLIENT_SCRIPT = """
 import functools, sys, time
 import gymnasium as gym
 from daskvec import DaskVecEnv
-env = DaskVecEnv([functools.partial(gym.make, "CartPole-v1")] * 4, client=sys.argv[1], timeout=60)
+env = DaskVecEnv([functools.partial(gym.make, "CartPole-v1")] * 4, client=sys.argv[1], timeout=60,
+                 env_process=sys.argv[2] == "env_process")
 env.reset()
 print("ready", flush=True)
 time.sleep(600)
@@ -77,7 +78,8 @@ time.sleep(600)
 
 
 @pytest.mark.timeout(240)
-def test_groups_of_a_killed_client_are_released(dask_processes: Any, tmp_path: Any) -> None:
+@pytest.mark.parametrize("where", ["worker", "env_process"])
+def test_groups_of_a_killed_client_are_released(dask_processes: Any, tmp_path: Any, where: str) -> None:
     """A client that dies without closing (kill -9, a notebook kernel killed) leaves nothing on the workers."""
     import os
     import signal
@@ -86,30 +88,36 @@ def test_groups_of_a_killed_client_are_released(dask_processes: Any, tmp_path: A
 
     from distributed import Client
 
-    def _held_by_workers() -> tuple[int, int]:  # defined here: sent to the workers by value
-        """(EnvGroups alive, daskvec threads) in a worker process, after a garbage collection."""
+    def _held_by_workers() -> tuple[int, int, int]:  # defined here: sent to the workers by value
+        """(groups alive, daskvec threads, env processes) of a worker process, after a collection."""
         import gc
         import threading
 
-        from daskvec.worker import EnvGroup
+        import psutil
+
+        from daskvec.worker import EnvGroup, EnvHost
 
         gc.collect()
-        groups = sum(isinstance(o, EnvGroup) for o in gc.get_objects())
-        threads = sum(t.name.startswith("daskvec-group") for t in threading.enumerate())
-        return groups, threads
+        groups = sum(isinstance(o, (EnvGroup, EnvHost)) for o in gc.get_objects())
+        threads = sum(t.name.startswith("daskvec-") and t.name != "daskvec-reaper" for t in threading.enumerate())
+        children = [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+        return groups, threads, len(children)
 
     procs = dask_processes(2)
     script = tmp_path / "client.py"
     script.write_text(_CLIENT_SCRIPT)
-    user = subprocess.Popen([sys.executable, str(script), procs.address], cwd=tmp_path, env=procs.env,
+    user = subprocess.Popen([sys.executable, str(script), procs.address, where], cwd=tmp_path, env=procs.env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert user.stdout is not None
         assert user.stdout.readline().strip() == "ready"
         with Client(procs.address, set_as_default=False, timeout=60) as observer:
             held = observer.run(_held_by_workers)
-            assert sum(g for g, _ in held.values()) == 2  # one group of 2 envs per worker
-            assert all(t >= 3 for _, t in held.values())  # two listeners and a connection each
+            assert sum(g for g, _, _ in held.values()) == 2  # one group of 2 envs per worker
+            if where == "worker":
+                assert all(t >= 3 for _, t, _ in held.values())  # two listeners and a connection each
+            else:
+                assert all(t >= 1 and c == 1 for _, t, c in held.values())  # stats poller; env process
             os.kill(user.pid, signal.SIGKILL)
             user.wait(timeout=30)
             deadline = time.monotonic() + 60
