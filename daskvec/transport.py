@@ -297,9 +297,10 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         raise ChannelError("malformed compact step reply (lengths differ)")
     infos: list[dict[str, Any]] = []
     reset_infos: dict[int, dict[str, Any]] = {}
-    dones = [bool(bits & _DONE) for bits in flags]
+    dones: list[bool] = []
     k = 0
     for pos, bits in enumerate(flags):
+        dones.append(bool(bits & _DONE))
         info: dict[str, Any] = {"TimeLimit.truncated": bool(bits & _TRUNCATED)}
         if bits & _TERMINAL:
             if terminal is None or k >= len(terminal):
@@ -445,6 +446,13 @@ _HOT: set[int] = set()
 _POLL_MISSES = 8
 
 
+def check_busy_poll(value: Any) -> float:
+    """``value`` as a busy-poll budget in seconds, or ``ValueError`` if it is not one (0 to 0.1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 0.1:
+        raise ValueError(f"busy_poll must be a number of seconds between 0 and 0.1, not {value!r}")
+    return float(value)
+
+
 def _poll_readable(conn: socket.socket, budget: float) -> bool:
     """Busy-poll ``conn`` for up to ``budget`` seconds; True once data is waiting.
 
@@ -500,8 +508,9 @@ class ChannelServer:
     token : bytes
         Shared secret; only a peer that proves knowledge of it is served.
     handler : callable
-        ``handler(request) -> reply``; must not raise. Called on the connection's
-        thread, one request at a time per connection.
+        ``handler(request) -> reply``, called on the connection's thread, one request
+        at a time per connection. It reports errors in its reply; a ``ChannelError``
+        it raises (e.g. its owner is gone) drops the connection.
     name : str
         Used in thread names and log messages.
     unix_dir : str or None, optional
@@ -533,10 +542,9 @@ class ChannelServer:
         unix_dir: str | None = "",
         busy_poll: float = 0.0,
     ) -> None:
-        if not busy_poll >= 0:
-            raise ValueError(f"busy_poll must be a number of seconds >= 0, not {busy_poll!r}")
+        budget = check_busy_poll(busy_poll)
         # polling needs non-blocking peeks and sched_yield (POSIX); elsewhere it is off
-        self._busy_poll = float(busy_poll) if hasattr(socket, "MSG_DONTWAIT") and hasattr(os, "sched_yield") else 0.0
+        self._busy_poll = budget if hasattr(socket, "MSG_DONTWAIT") and hasattr(os, "sched_yield") else 0.0
         self._token = token
         self._handler = handler
         self._name = name

@@ -47,7 +47,15 @@ from daskvec.errors import (
     WorkerLostError,
 )
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
-from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, machine_id, recv_many
+from daskvec.transport import (
+    ActorChannel,
+    Channel,
+    ChannelError,
+    DirectChannel,
+    check_busy_poll,
+    machine_id,
+    recv_many,
+)
 from daskvec.worker import INFO_KEY, EnvGroup, EnvHost, kill_env_process, restart_seed
 
 logger = logging.getLogger(__name__)
@@ -268,8 +276,6 @@ class DaskVecEnv(VecEnv):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be a positive number of seconds, not {step_timeout!r}")
-        if isinstance(busy_poll, bool) or not isinstance(busy_poll, (int, float)) or not 0 <= busy_poll <= 0.1:
-            raise ValueError(f"busy_poll must be a number of seconds between 0 and 0.1, not {busy_poll!r}")
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be a non-negative int, not {max_restarts!r}")
 
@@ -280,7 +286,7 @@ class DaskVecEnv(VecEnv):
         n_envs = len(self.env_fns)
         self.env_process = env_process and os.name == "posix"
         self.timeout = float(timeout)
-        self.busy_poll = float(busy_poll)
+        self.busy_poll = check_busy_poll(busy_poll)
         self.step_timeout = float(step_timeout) if step_timeout is not None else self.timeout
         self.on_worker_lost = on_worker_lost
         self.on_env_error = on_env_error
@@ -335,6 +341,7 @@ class DaskVecEnv(VecEnv):
         first = self._describe[self._groups[0].gid]
         super().__init__(n_envs, first["observation_space"], first["action_space"])
         self.keys, shapes, dtypes = obs_space_info(self.observation_space)
+        self._single_obs = self.keys == [None]  # one array, not a Dict or Tuple space
         # keyed like SB3's DummyVecEnv: None for a single array, names for Dict, ints for Tuple
         self.buf_obs: dict[Any, np.ndarray] = {
             k: np.zeros((n_envs, *tuple(shapes[k])), dtype=dtypes[k]) for k in self.keys
@@ -758,28 +765,28 @@ class DaskVecEnv(VecEnv):
 
     # ------------------------------------------------------------------ reset / step
     def _write_obs(self, g: _Group, stacked: Any) -> None:
-        if self.keys == [None]:
+        if self._single_obs:
             self.buf_obs[None][g.index] = stacked
         else:
             for k in self.keys:
                 self.buf_obs[k][g.index] = stacked[k]
 
     def _write_obs_row(self, i: int, obs: Any) -> None:
-        if self.keys == [None]:
+        if self._single_obs:
             self.buf_obs[None][i] = obs
         else:
             for k in self.keys:
                 self.buf_obs[k][i] = obs[k]
 
     def _obs_row(self, i: int) -> Any:
-        if self.keys == [None]:
+        if self._single_obs:
             return self.buf_obs[None][i].copy()
         if isinstance(self.observation_space, gym.spaces.Tuple):
             return tuple(self.buf_obs[k][i].copy() for k in self.keys)
         return {k: self.buf_obs[k][i].copy() for k in self.keys}
 
     def _obs_from_buf(self) -> VecEnvObs:
-        if self.keys == [None]:  # a single array: what dict_to_obs would return, without its checks
+        if self._single_obs:  # what dict_to_obs would return, without its checks
             return self.buf_obs[None].copy()
         return dict_to_obs(self.observation_space, {k: np.copy(v) for k, v in self.buf_obs.items()})
 

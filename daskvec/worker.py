@@ -555,20 +555,20 @@ _reaper: threading.Thread | None = None
 _reaper_lock = threading.Lock()
 
 
-def _reap_groups() -> None:
+def _reaper_loop() -> None:
     while True:
         job = _RELEASES.get()
         try:
             job()
         except Exception:
-            logger.exception("releasing a dropped env group failed")
+            logger.exception("a queued release (env group or env process) failed")
 
 
 def _start_reaper() -> None:
     global _reaper
     with _reaper_lock:
         if _reaper is None or not _reaper.is_alive():
-            _reaper = threading.Thread(target=_reap_groups, name="daskvec-reaper", daemon=True)
+            _reaper = threading.Thread(target=_reaper_loop, name="daskvec-reaper", daemon=True)
             _reaper.start()
 
 
