@@ -482,7 +482,7 @@ def test_env_processes_end_with_their_worker_and_on_close(procs: DaskProcesses) 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_soak_workers_killed_and_replaced(procs: DaskProcesses) -> None:
-    """20 000 vec-steps while a worker holding envs is SIGKILLed every few seconds."""
+    """At least 20 000 vec-steps and 3 kills, a worker holding envs SIGKILLed every few seconds."""
     ensure_workers(procs, 3)
     n_envs, n_steps, kill_every = 4, 20_000, 4.0
     # two groups of two on three workers: a kill moves a group to the spare worker or a survivor
@@ -495,7 +495,10 @@ def test_soak_workers_killed_and_replaced(procs: DaskProcesses) -> None:
         expected: Counter[int] = Counter()
         kills = 0
         next_kill = time.monotonic() + kill_every
-        for step in range(n_steps):
+        step = 0
+        # kills come by the clock and steps as fast as the machine goes: step on until both
+        # counts are reached (the test's timeout bounds it)
+        while step < n_steps or kills < 3:
             kill_now = time.monotonic() > next_kill
             if kill_now and step % 2 == 0:  # half the kills land between steps
                 pid, indices = sorted(group_pids(env).items())[kills % len(group_pids(env))]
@@ -515,6 +518,7 @@ def test_soak_workers_killed_and_replaced(procs: DaskProcesses) -> None:
                 kills += 1
                 procs.add_worker()  # a replacement joins while the envs are rebuilt elsewhere
                 next_kill = time.monotonic() + kill_every
+            step += 1
         for _ in range(5):  # a kill in the last steps is reported within a step or two
             _, _, _, infos = env.step(rng.integers(0, 2, n_envs))
             seen.update(markers(infos).keys())
