@@ -49,6 +49,7 @@ import threading
 import time
 from collections import ChainMap
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import cloudpickle
@@ -62,6 +63,7 @@ __all__ = [
     "ChannelError",
     "ChannelServer",
     "DirectChannel",
+    "StepReply",
     "decode",
     "encode",
     "machine_id",
@@ -126,21 +128,63 @@ _Pickler.dispatch_table = ChainMap(_ARRAYS, cast(Any, copyreg.dispatch_table))
 _CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_table)
 
 
+# ------------------------------------------------------------- step replies
+@dataclass(slots=True, eq=False)
+class StepReply:
+    """What one env group returns for a step: the value of its ``("ok", ...)`` reply.
+
+    The worker (:meth:`daskvec.worker.EnvGroup._step`) builds it, the client
+    (:meth:`daskvec.vec_env.DaskVecEnv.step_wait`) reads it, and :func:`encode` writes
+    it in the compact form when ``plain`` says that it fits.
+
+    Attributes
+    ----------
+    obs : array, dict or tuple of arrays
+        The group's observations stacked along a first axis (after any automatic reset).
+    rewards : numpy.ndarray
+        ``float64``, one per env.
+    dones : numpy.ndarray
+        ``bool``, one per env.
+    infos : list of dict
+        One per env. Every one holds ``"TimeLimit.truncated"``; those of finished
+        episodes hold ``"terminal_observation"`` too.
+    reset_infos : dict of int to dict
+        For the envs that were reset after their episode ended (by position in the
+        group): the reset info.
+    env_seconds : float
+        Wall time the group spent in its envs' ``step`` and ``reset`` calls.
+    restarts : list of int
+        Each env's restart count.
+    plain : bool
+        Set by the group when its infos hold nothing but what it adds itself
+        (``"TimeLimit.truncated"``, and ``"terminal_observation"`` exactly for the
+        finished episodes) and every reset info is empty: then the reply travels in
+        the compact form, from which :func:`decode` rebuilds the same infos.
+    """
+
+    obs: Any
+    rewards: np.ndarray
+    dones: np.ndarray
+    infos: list[dict[str, Any]]
+    reset_infos: dict[int, dict[str, Any]]
+    env_seconds: float
+    restarts: list[int]
+    plain: bool = False
+
+
 # ------------------------------------------------------------- compact step messages
 # The two messages of every step have a fixed form: ("step", (actions,)) and, in the
-# common case, a reply whose infos carry nothing but the keys the group adds itself.
-# They are written as raw arrays behind a one-byte tag instead of as a pickle: no
-# pickler, no reduce callbacks, no dicts to rebuild by the unpickler. Both sit on the
-# critical path of every step; with cheap envs this gave 14% more steps per second
-# (docs/benchmark.md). Every other message, and every step reply that does not fit
-# (dict observations, infos with keys of the env's own, reset infos that are not
-# empty), stays a pickle. A pickle of protocol 2 or later starts with 0x80, so the
-# tags below never collide with one.
+# common case, ("ok", StepReply) whose infos carry nothing but the keys the group adds
+# itself (the group says so: StepReply.plain). They are written as raw arrays behind a
+# one-byte tag instead of as a pickle: no pickler, no reduce callbacks, no objects to
+# rebuild by the unpickler. Both sit on the critical path of every step; with cheap
+# envs this gave 14% more steps per second (docs/benchmark.md). Every other message,
+# and every step reply that does not fit (dict observations, infos with keys of the
+# env's own, reset infos that are not empty), stays a pickle. A pickle of protocol 2
+# or later starts with 0x80, so the tags below never collide with one.
 _STEP_REQUEST = 0x01
 _STEP_REPLY = 0x02
 _PICKLE = 0x80
-_REPLY_KEYS = frozenset({"obs", "rewards", "dones", "infos", "reset_infos", "env_seconds", "restarts"})
-_INFO_KEYS = frozenset({"TimeLimit.truncated", "terminal_observation"})
 # per-env bits of a compact step reply
 _DONE, _TRUNCATED, _TERMINAL, _RESET_INFO = 1, 2, 4, 8
 _REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then n flag bytes,
@@ -221,10 +265,10 @@ def _encode_step(obj: Any) -> tuple[bytes, list[memoryview]] | None:
         parts.append(b"\x01")  # _STEP_REQUEST
         _array_parts(actions, parts, extra)
         return b"".join(parts), extra
-    if head != "ok" or type(body) is not dict or body.keys() != _REPLY_KEYS:
+    if head != "ok" or type(body) is not StepReply or not body.plain:
         return None
-    obs, rewards, dones, infos, restarts = body["obs"], body["rewards"], body["dones"], body["infos"], body["restarts"]
-    n = len(infos)
+    obs, rewards, dones = body.obs, body.rewards, body.dones
+    n = len(body.infos)
     if not (
         type(obs) is np.ndarray
         and not obs.dtype.hasobject
@@ -232,36 +276,33 @@ def _encode_step(obj: Any) -> tuple[bytes, list[memoryview]] | None:
         and type(rewards) is np.ndarray
         and rewards.shape == (n,)
         and type(dones) is np.ndarray
+        and dones.dtype == np.bool_
         and dones.shape == (n,)
-        and len(restarts) == n
+        and len(body.restarts) == n
     ):
         return None
-    flags = bytearray(n)
+    # A plain reply's infos say nothing that the flags do not: "TimeLimit.truncated",
+    # which only a finished episode sets, and the terminal observation of each one.
+    flags = bytearray(dones.tobytes())  # _DONE per finished episode
     terminal: list[np.ndarray] = []
     row_shape = obs.shape[1:]
-    for pos, (info, done) in enumerate(zip(infos, dones.tolist(), strict=True)):
-        if type(info) is not dict or not info.keys() <= _INFO_KEYS:
-            return None
-        truncated = info.get("TimeLimit.truncated")
-        if type(truncated) is not bool:
-            return None
-        bits = (_DONE if done else 0) | (_TRUNCATED if truncated else 0)
-        if "terminal_observation" in info:
-            last = info["terminal_observation"]
+    for pos, done in enumerate(flags):
+        if done:
+            info = body.infos[pos]
+            last = info.get("terminal_observation")
             if type(last) is not np.ndarray or last.dtype != obs.dtype or last.shape != row_shape:
                 return None
             terminal.append(last)
-            bits |= _TERMINAL
-        flags[pos] = bits
-    for pos, reset_info in body["reset_infos"].items():
-        if type(reset_info) is not dict or reset_info or type(pos) is not int or not 0 <= pos < n:
+            flags[pos] |= _TERMINAL | (_TRUNCATED if info.get("TimeLimit.truncated") else 0)
+    for pos in body.reset_infos:
+        if not 0 <= pos < n:
             return None
         flags[pos] |= _RESET_INFO
     try:
-        counts = struct.pack(f"<{n}q", *restarts)
+        counts = struct.pack(f"<{n}q", *body.restarts)
     except struct.error:
         return None
-    parts.append(_REPLY_HEAD.pack(_STEP_REPLY, body["env_seconds"], n))
+    parts.append(_REPLY_HEAD.pack(_STEP_REPLY, body.env_seconds, n))
     parts.append(bytes(flags))
     parts.append(rewards.astype("<f8", copy=False).tobytes())
     parts.append(counts)
@@ -310,16 +351,10 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         if bits & _RESET_INFO:
             reset_infos[pos] = {}
         infos.append(info)
-    body = {
-        "obs": obs,
-        "rewards": rewards,
-        "dones": np.array(dones, dtype=bool),
-        "infos": infos,
-        "reset_infos": reset_infos,
-        "env_seconds": env_seconds,
-        "restarts": restarts,
-    }
-    return ("ok", body)
+    reply = StepReply(
+        obs, rewards, np.array(dones, dtype=bool), infos, reset_infos, env_seconds, restarts, plain=True
+    )
+    return ("ok", reply)
 
 
 def _framed(payload: bytes | memoryview, extra: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:

@@ -52,6 +52,7 @@ from daskvec.transport import (
     Channel,
     ChannelError,
     DirectChannel,
+    StepReply,
     check_busy_poll,
     machine_id,
     recv_many,
@@ -875,20 +876,21 @@ class DaskVecEnv(VecEnv):
             if status == "err":
                 error = error or value
                 continue
-            self._write_obs(g, value["obs"])
-            self.buf_rews[g.index] = value["rewards"]
-            self.buf_dones[g.index] = value["dones"]
+            reply: StepReply = value
+            self._write_obs(g, reply.obs)
+            self.buf_rews[g.index] = reply.rewards
+            self.buf_dones[g.index] = reply.dones
             if isinstance(g.index, slice):
-                self.buf_infos[g.index] = value["infos"]
+                self.buf_infos[g.index] = reply.infos
             else:
                 for pos, i in enumerate(g.env_indices):
-                    self.buf_infos[i] = value["infos"][pos]
-            for pos, info in value["reset_infos"].items():
+                    self.buf_infos[i] = reply.infos[pos]
+            for pos, info in reply.reset_infos.items():
                 self.reset_infos[g.env_indices[pos]] = info
-            if value["restarts"] != g.last_restarts:
-                g.last_restarts = value["restarts"]
-                self._sync_error_restarts(g, value["restarts"])
-            env_seconds = max(env_seconds, value["env_seconds"])
+            if reply.restarts != g.last_restarts:
+                g.last_restarts = reply.restarts
+                self._sync_error_restarts(g, reply.restarts)
+            env_seconds = max(env_seconds, reply.env_seconds)
         if self._pending_reports:
             self._report_pending()
         self.timer.received(env_seconds)

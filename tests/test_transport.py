@@ -8,17 +8,32 @@ wall-clock speed.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import stat
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import cloudpickle
+import gymnasium as gym
 import numpy as np
 import pytest
 
-from daskvec.transport import ChannelError, ChannelServer, DirectChannel, decode, encode, machine_id, pack, unpack
+from daskvec.transport import (
+    ChannelError,
+    ChannelServer,
+    DirectChannel,
+    StepReply,
+    decode,
+    encode,
+    machine_id,
+    pack,
+    unpack,
+)
+from daskvec.worker import EnvGroup
 
 TOKEN = secrets.token_bytes(32)
 
@@ -38,6 +53,9 @@ def same(a: object, b: object) -> bool:
     """Equal values of equal types, arrays by dtype, shape and content, dicts in key order."""
     if type(a) is not type(b):
         return False
+    if isinstance(a, StepReply):
+        assert isinstance(b, StepReply)
+        return all(same(getattr(a, f), getattr(b, f)) for f in StepReply.__slots__)
     if isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray)
         return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
@@ -50,12 +68,12 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-def step_reply(obs: np.ndarray, /, **changes: object) -> tuple[str, dict[str, object]]:
+def step_reply(obs: np.ndarray, /, **changes: object) -> tuple[str, StepReply]:
     """A step reply as :meth:`daskvec.worker.EnvGroup._step` builds it: env 1 finished an episode."""
     n = len(obs)
     infos: list[dict[str, object]] = [{"TimeLimit.truncated": False} for _ in range(n)]
     infos[1] = {"TimeLimit.truncated": True, "terminal_observation": obs[1] + 1}
-    body: dict[str, object] = {
+    fields: dict[str, object] = {
         "obs": obs,
         "rewards": np.arange(n, dtype=np.float64) / 2,
         "dones": np.arange(n) == 1,
@@ -63,9 +81,10 @@ def step_reply(obs: np.ndarray, /, **changes: object) -> tuple[str, dict[str, ob
         "reset_infos": {1: {}},
         "env_seconds": 0.004,
         "restarts": [0, 3, *[0] * (n - 2)],
+        "plain": True,
     }
-    body.update(changes)
-    return ("ok", body)
+    fields.update(changes)
+    return ("ok", StepReply(**fields))  # type: ignore[arg-type]
 
 
 def wire(frames: list[bytes | memoryview]) -> list[bytearray]:
@@ -90,8 +109,20 @@ PICKLED = [
     ("step", ([1, 0, 1],)),  # actions not in an array
     ("step", (np.array([{}, {}], dtype=object),)),
     ("reset", ([None, 1], [None, None])),
-    step_reply(np.zeros((3, 2)), infos=[{"TimeLimit.truncated": False, "episode": {"r": 1.0}}] * 3),
-    step_reply(np.zeros((3, 2)), reset_infos={1: {"level": 2}}),
+    step_reply(np.zeros((3, 2)), plain=False),  # the group saw keys of the env's own
+    step_reply(
+        np.zeros((3, 2)), infos=[{"TimeLimit.truncated": False, "episode": {"r": 1.0}}] * 3, plain=False
+    ),
+    step_reply(np.zeros((3, 2)), reset_infos={1: {"level": 2}}, plain=False),
+    step_reply(np.zeros((3, 2)), reset_infos={5: {}}),  # not a position of this group
+    step_reply(  # a terminal observation of another dtype than the observations
+        np.zeros((3, 2), dtype=np.float32),
+        infos=[
+            {"TimeLimit.truncated": False},
+            {"TimeLimit.truncated": True, "terminal_observation": np.zeros(2)},
+            {"TimeLimit.truncated": False},
+        ],
+    ),
     step_reply(np.zeros((3, 2)), obs={"a": np.zeros((3, 2))}),
     step_reply(np.zeros((3, 2)), restarts=[0, 1.5, 0]),
     ("err", {"type": "ValueError", "message": "boom"}),
@@ -106,7 +137,7 @@ def test_step_messages_travel_as_raw_arrays(message: object) -> None:
     assert same(got, message)
     via_actor = unpack(pack(message))  # immutable bytes: arrays must still be writable
     assert same(via_actor, message)
-    for value in (got[1][0], via_actor[1][0]) if message[0] == "step" else (got[1]["obs"], via_actor[1]["obs"]):
+    for value in (got[1][0], via_actor[1][0]) if message[0] == "step" else (got[1].obs, via_actor[1].obs):
         assert isinstance(value, np.ndarray) and value.flags.writeable
 
 
@@ -224,3 +255,51 @@ def test_two_quick_connections_do_not_poll(server: ChannelServer) -> None:
     assert _rounds(chs, 20, 0.03) < 0.15
     for ch in chs:
         ch.close()
+
+
+class InfoEnv(gym.Env[np.ndarray, int]):
+    """Episodes of two steps; what its step and reset infos hold is up to the test."""
+
+    def __init__(self, info: dict[str, Any], reset_info: dict[str, Any], fail: bool = False) -> None:
+        self.observation_space = gym.spaces.Box(-10, 10, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.info, self.reset_info, self.fail, self.t = info, reset_info, fail, 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, dtype=np.float32), dict(self.reset_info)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.fail:
+            raise RuntimeError("step failed")
+        self.t += 1
+        return np.full(2, self.t, dtype=np.float32), 1.0, self.t == 2, False, dict(self.info)
+
+
+@pytest.mark.parametrize(
+    ("info", "reset_info", "fail", "plain"),
+    [
+        ({}, {}, False, True),
+        ({"episode": 1}, {}, False, False),  # a key of the env's own
+        ({}, {"seeded": 1}, False, False),  # a reset info to pass on
+        ({}, {}, True, False),  # a restarted env: the infos carry daskvec's marker
+    ],
+)
+def test_group_marks_the_replies_that_fit_the_compact_form(
+    info: dict[str, Any], reset_info: dict[str, Any], fail: bool, plain: bool
+) -> None:
+    factories = cloudpickle.dumps([functools.partial(InfoEnv, info, reset_info, fail) for _ in range(3)])
+    group = EnvGroup(factories, [0, 1, 2], token=None, on_env_error="restart", worker_address="test")
+    try:
+        group.dispatch(("reset", ([0, 1, 2], [{}, {}, {}])))
+        for step in (1, 2):  # the second step ends every episode
+            reply = group.dispatch(("step", (np.array([0, 1, 0]),)))
+            assert reply[0] == "ok" and isinstance(reply[1], StepReply)
+            # a reply without finished episodes carries no reset infos, so it fits
+            assert reply[1].plain is (plain or (step == 1 and not info and not fail))
+            frames = encode(reply)
+            assert memoryview(frames[1])[0] == (0x02 if reply[1].plain else 0x80)
+            assert same(decode(wire(frames)), reply)
+    finally:
+        group.shutdown()
