@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from collections import ChainMap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -68,6 +68,7 @@ __all__ = [
     "encode",
     "machine_id",
     "pack",
+    "iter_replies",
     "recv_many",
     "unpack",
 ]
@@ -862,8 +863,41 @@ class ActorChannel:
         self._pending = None
 
 
+def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Iterator[Any]:
+    """Yield the replies of many channels, one wait for all of them, each as soon as it is in.
+
+    The channels are read in order, so a caller can take in the first reply while the
+    later ones are still on their way. A caller that stops early must still exhaust
+    the iterator (or the channels stay one reply behind).
+
+    Parameters
+    ----------
+    channels : sequence of Channel
+        Channels that each have one request pending.
+    timeout : float or None
+        Overall deadline in seconds for all replies.
+
+    Yields
+    ------
+    object
+        For each channel, in order, its decoded reply or the exception
+        (``ChannelError`` or ``TimeoutError``) that its receive raised. A failure of
+        one channel does not stop the others from being collected.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for ch in channels:
+        # once the deadline has passed, a reply that has already arrived must still be
+        # collected: give every later channel a short grace instead of nothing
+        remaining = None if deadline is None else max(deadline - time.monotonic(), _GRACE)
+        try:
+            reply = ch.recv(remaining)
+        except (ChannelError, TimeoutError) as e:
+            reply = e
+        yield reply
+
+
 def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
-    """Wait once for the replies of many channels.
+    """All the replies of :func:`iter_replies` as a list.
 
     Parameters
     ----------
@@ -876,17 +910,6 @@ def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
     -------
     list
         For each channel its decoded reply, or the exception (``ChannelError`` or
-        ``TimeoutError``) that its receive raised. A failure of one channel does not
-        stop the others from being collected.
+        ``TimeoutError``) that its receive raised.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    out: list[Any] = []
-    for ch in channels:
-        # once the deadline has passed, a reply that has already arrived must still be
-        # collected: give every later channel a short grace instead of nothing
-        remaining = None if deadline is None else max(deadline - time.monotonic(), _GRACE)
-        try:
-            out.append(ch.recv(remaining))
-        except (ChannelError, TimeoutError) as e:
-            out.append(e)
-    return out
+    return list(iter_replies(channels, timeout))

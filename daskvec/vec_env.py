@@ -54,6 +54,7 @@ from daskvec.transport import (
     DirectChannel,
     StepReply,
     check_busy_poll,
+    iter_replies,
     machine_id,
     recv_many,
 )
@@ -766,11 +767,18 @@ class DaskVecEnv(VecEnv):
 
     # ------------------------------------------------------------------ reset / step
     def _write_obs(self, g: _Group, stacked: Any) -> None:
-        if self._single_obs:
-            self.buf_obs[None][g.index] = stacked
-        else:
-            for k in self.keys:
-                self.buf_obs[k][g.index] = stacked[k]
+        try:
+            if self._single_obs:
+                self.buf_obs[None][g.index] = stacked
+            else:
+                for k in self.keys:
+                    self.buf_obs[k][g.index] = stacked[k]
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(
+                f"envs {g.env_indices} on {g.worker} returned observations that do not fit the observation "
+                f"space {self.observation_space} (got {_describe_obs(stacked)}): {e}; "
+                "make each env's observations match its observation_space"
+            ) from e
 
     def _write_obs_row(self, i: int, obs: Any) -> None:
         if self._single_obs:
@@ -862,35 +870,41 @@ class DaskVecEnv(VecEnv):
         if not self.waiting:
             raise NoAsyncCallError("step_wait() called without a pending step_async()")
         live = [g for g in self._groups if g.failed is None]
-        replies = recv_many([g.channel for g in live], self.step_timeout)
-        self.waiting = False
         results: dict[str, Any] = {g.gid: g.failed for g in self._groups if g.failed is not None}
-        results.update({g.gid: r for g, r in zip(live, replies, strict=True)})
-        lost = [g for g in self._groups if isinstance(results[g.gid], BaseException)]
         env_seconds = 0.0
         error: dict[str, Any] | None = None
-        for g in self._groups:
-            if g in lost:
+        # Each reply is taken in as soon as it is read, while later groups may still be
+        # stepping; whatever happens, every channel's reply is read before this returns.
+        replies = iter_replies([g.channel for g in live], self.step_timeout)
+        try:
+            for g, rep in zip(live, replies, strict=True):
+                results[g.gid] = rep
+                if isinstance(rep, BaseException):
+                    continue
+                status, value = rep
+                if status == "err":
+                    error = error or value
+                    continue
+                reply: StepReply = value
+                self._write_obs(g, reply.obs)
+                self.buf_rews[g.index] = reply.rewards
+                self.buf_dones[g.index] = reply.dones
+                if isinstance(g.index, slice):
+                    self.buf_infos[g.index] = reply.infos
+                else:
+                    for pos, i in enumerate(g.env_indices):
+                        self.buf_infos[i] = reply.infos[pos]
+                for pos, info in reply.reset_infos.items():
+                    self.reset_infos[g.env_indices[pos]] = info
+                if reply.restarts != g.last_restarts:
+                    g.last_restarts = reply.restarts
+                    self._sync_error_restarts(g, reply.restarts)
+                env_seconds = max(env_seconds, reply.env_seconds)
+        finally:
+            for _ in replies:  # only left over when taking in a reply raised
                 continue
-            status, value = results[g.gid]
-            if status == "err":
-                error = error or value
-                continue
-            reply: StepReply = value
-            self._write_obs(g, reply.obs)
-            self.buf_rews[g.index] = reply.rewards
-            self.buf_dones[g.index] = reply.dones
-            if isinstance(g.index, slice):
-                self.buf_infos[g.index] = reply.infos
-            else:
-                for pos, i in enumerate(g.env_indices):
-                    self.buf_infos[i] = reply.infos[pos]
-            for pos, info in reply.reset_infos.items():
-                self.reset_infos[g.env_indices[pos]] = info
-            if reply.restarts != g.last_restarts:
-                g.last_restarts = reply.restarts
-                self._sync_error_restarts(g, reply.restarts)
-            env_seconds = max(env_seconds, reply.env_seconds)
+            self.waiting = False
+        lost = [g for g in self._groups if isinstance(results[g.gid], BaseException)]
         if self._pending_reports:
             self._report_pending()
         self.timer.received(env_seconds)
@@ -1274,6 +1288,16 @@ class DaskVecEnv(VecEnv):
 def _channel_name(channel: Channel) -> str:
     family = getattr(channel, "family", None)
     return channel.kind if family is None else f"{channel.kind}/{family}"
+
+
+def _describe_obs(stacked: Any) -> str:
+    """Shape and dtype of a group's stacked observations, for error messages."""
+    if isinstance(stacked, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe_obs(v)}" for k, v in stacked.items()) + "}"
+    if isinstance(stacked, tuple):
+        return "(" + ", ".join(_describe_obs(v) for v in stacked) + ")"
+    arr = np.asarray(stacked)
+    return f"shape {arr.shape} dtype {arr.dtype}"
 
 
 def _ranges(indices: list[int]) -> str:

@@ -105,6 +105,15 @@ def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
     return stacked
 
 
+def _obs_shape(obs: Any) -> Any:
+    """The shape of one env's observation (per key or entry for dict and tuple ones)."""
+    if isinstance(obs, dict):
+        return {k: _obs_shape(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_obs_shape(v) for v in obs)
+    return np.shape(obs)
+
+
 def _row(stacked: Any, pos: int) -> Any:
     if isinstance(stacked, dict):
         return {k: _row(v, pos) for k, v in stacked.items()}
@@ -480,9 +489,19 @@ class EnvGroup:
             infos[pos] = info
         elapsed = time.perf_counter() - t0
         self.stats.record_step(n, elapsed)
-        stacked = stack_obs(obs_list, self.envs[0].observation_space)
+        stacked = self._stack(obs_list)
         self._last_obs = stacked
         return StepReply(stacked, rewards, dones, infos, reset_infos, elapsed, list(self.restarts), plain)
+
+    def _stack(self, obs_list: list[Any]) -> Any:
+        try:
+            return stack_obs(obs_list, self.envs[0].observation_space)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            shapes = ", ".join(f"env {i}: {_obs_shape(o)}" for i, o in zip(self.env_indices, obs_list, strict=True))
+            raise ValueError(
+                f"the observations of envs {self.env_indices} do not stack ({shapes}): {e}; "
+                "make each env's observations match its observation_space"
+            ) from e
 
     def _reset_one(self, pos: int, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         env = self.envs[pos]
@@ -504,7 +523,7 @@ class EnvGroup:
             self._returns[pos] = 0.0
             obs_list.append(obs)
             reset_infos.append(info)
-        stacked = stack_obs(obs_list, self.envs[0].observation_space)
+        stacked = self._stack(obs_list)
         self._last_obs = stacked
         return {"obs": stacked, "reset_infos": reset_infos, "restarts": list(self.restarts)}
 

@@ -147,6 +147,20 @@ class SpaceEnv(gym.Env[Any, Any]):
         return (x + self.t) * scale
 
 
+class ReshapingEnv(CountingEnv):
+    """Returns an observation one element too long on its ``bad_at``-th step (counted over episodes)."""
+
+    def __init__(self, bad_at: int) -> None:
+        super().__init__()
+        self.bad_at = bad_at
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, *rest = super().step(action)
+        if self.total_steps == self.bad_at:
+            obs = np.append(obs, np.float32(0))
+        return (obs, *rest)  # type: ignore[return-value]
+
+
 class SlowAttrEnv(CountingEnv):
     """``env.slow`` (and ``step`` when ``step_delay`` is set) sleep: stand-ins for env calls that hang."""
 

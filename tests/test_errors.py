@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from envs import BrokenStepEnv, CountingEnv, EnvCrashed, SlowAttrEnv, SpaceEnv
+from envs import BrokenStepEnv, CountingEnv, EnvCrashed, ReshapingEnv, SlowAttrEnv, SpaceEnv
 
 from daskvec import DaskVecEnv
 from daskvec.cluster import scheduler_workers
@@ -210,6 +210,37 @@ def test_call_order_errors(transport: str, dclient: Any) -> None:
             call()
     assert issubclass(ClosedEnvError, DaskVecEnvError)
     venv.close()  # still a no-op
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("bad", [[0, 1], [1]])
+def test_observations_of_the_wrong_shape(transport: str, bad: list[int], dclient: Any) -> None:
+    # the envs in `bad` break their space on their 3rd step. A whole group gone wrong
+    # is found by the client, which must still read the other group's reply of that
+    # step (or every later call would get the reply before its own); one env of a
+    # group is found by the group, which cannot stack the observations.
+    fns = [functools.partial(ReshapingEnv, bad_at=3 if i in bad else -1) for i in range(4)]
+    venv = DaskVecEnv(fns, client=dclient, transport=transport, envs_per_actor=2)
+    try:
+        venv.reset()
+        actions = np.zeros(4, dtype=np.int64)
+        venv.step(actions)
+        venv.step(actions)
+        found = (
+            r"envs \[0, 1\] on .* do not fit the observation space .*got shape \(2, 3\)"
+            if len(bad) == 2
+            else r"observations of envs \[0, 1\] do not stack \(env 0: \(2,\), env 1: \(3,\)\)"
+        )
+        with pytest.raises(ValueError, match=found + r".*match its observation_space"):
+            venv.step(actions)
+        assert not venv.waiting
+        obs = venv.reset()
+        assert obs[:, 0].tolist() == [0, 0, 0, 0]
+        obs, *_ = venv.step(actions)
+        assert obs[:, 0].tolist() == [1, 1, 1, 1]
+        assert venv.get_attr("total_steps") == [4, 4, 4, 4]
+    finally:
+        venv.close()
 
 
 # --------------------------------------------------------------------------- timeouts
