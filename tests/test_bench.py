@@ -100,6 +100,14 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
     table = bench.format_table(results)
     for label in ("DummyVecEnv", "SubprocVecEnv", "AsyncVectorEnv", "DaskVecEnv", "of ideal", "machine:"):
         assert label in table
+    # only a busy machine before the run warns; the load at the end is the benchmark's own
+    cores = results["machine"]["cores_usable"]
+    results["machine"]["load_average"] = [0.0, 0.0, 0.0]
+    results["load_average_end"] = [4.0 * cores, 0.0, 0.0]
+    quiet = bench.format_table(results)
+    assert "WARNING" not in quiet and f"load average at the end {4.0 * cores:.1f}" in quiet
+    results["machine"]["load_average"] = [cores, 0.0, 0.0]
+    assert "WARNING: the machine was busy before the run" in bench.format_table(results)
 
 
 @pytest.mark.timeout(240)
