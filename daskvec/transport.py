@@ -897,19 +897,5 @@ def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Iterator
 
 
 def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
-    """All the replies of :func:`iter_replies` as a list.
-
-    Parameters
-    ----------
-    channels : sequence of Channel
-        Channels that each have one request pending.
-    timeout : float or None
-        Overall deadline in seconds for all replies.
-
-    Returns
-    -------
-    list
-        For each channel its decoded reply, or the exception (``ChannelError`` or
-        ``TimeoutError``) that its receive raised.
-    """
+    """All the replies of :func:`iter_replies` (same parameters) as a list, in channel order."""
     return list(iter_replies(channels, timeout))
