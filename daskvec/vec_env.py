@@ -75,6 +75,10 @@ _TRANSPORTS = ("auto", "direct", "actor")
 _POLICIES_LOST = ("restart", "raise")
 _POLICIES_ERROR = ("raise", "restart")
 _STATS_INTERVAL = 2.0
+#: Seconds a worker that failed to create an env group in time, or left a step
+#: unanswered, gets no new envs while other workers can take them: placing on a frozen
+#: worker costs a full ``timeout`` every time.
+QUARANTINE_S = 600.0
 
 
 @dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
@@ -312,6 +316,7 @@ class DaskVecEnv(VecEnv):
         # fault tolerance (see the "fault tolerance" section)
         self._broken: BaseException | None = None
         self._worker_deadlines: dict[str, float | None] = {}
+        self._quarantine: dict[str, float] = {}  # worker -> time.monotonic() it may take envs again
         self._profiler_warned: set[str] = set()
         self._pending_moves: _Moves | None = None
         self._pending_reports: dict[int, tuple[dict[str, Any], Any]] = {}
@@ -428,12 +433,33 @@ class DaskVecEnv(VecEnv):
         info = {"workers": _cluster.scheduler_workers(self.client)}
         return _cluster.eligible_workers(info, self.workers_filter, self.resources)
 
+    def _quarantine_worker(self, worker: str, why: str) -> None:
+        """Place no envs on ``worker`` for :data:`QUARANTINE_S` while other workers can take them."""
+        if worker not in self._quarantined():
+            logger.warning(
+                "worker %s %s; placing no envs on it for the next %.0f s unless no other worker is left",
+                worker, why, QUARANTINE_S,
+            )
+        self._quarantine[worker] = time.monotonic() + QUARANTINE_S
+
+    def _quarantined(self) -> set[str]:
+        now = time.monotonic()
+        for worker, until in list(self._quarantine.items()):
+            if until <= now:
+                del self._quarantine[worker]
+        return set(self._quarantine)
+
     def _wait_for_workers(self, exclude: Sequence[str]) -> list[str]:
+        """Eligible workers not in ``exclude``, waiting up to ``worker_wait_timeout`` for one.
+
+        Quarantined workers come back only when no other worker is found.
+        """
         deadline = time.monotonic() + self.worker_wait_timeout
         while True:
             found = [w for w in self._eligible() if w not in exclude]
             if found:
-                return found
+                quarantined = self._quarantined()
+                return [w for w in found if w not in quarantined] or found
             if time.monotonic() > deadline:
                 what = (
                     "workers"
@@ -505,6 +531,8 @@ class DaskVecEnv(VecEnv):
                         with contextlib.suppress(Exception):
                             fut.cancel()
                         bad.add(worker)
+                        if isinstance(e, TimeoutError):  # alive but not answering: do not try it again soon
+                            self._quarantine_worker(worker, f"did not create an env group within {self.timeout:.0f}s")
                         retry.append((indices, ""))
                         continue
                     channel = self._connect(actor, desc, token)
@@ -955,6 +983,9 @@ class DaskVecEnv(VecEnv):
             self._broken = err
             raise err from (exc if isinstance(exc, BaseException) else None)
         for g in lost:
+            if reasons[g.gid] == "timeout" and not self.env_process:
+                # the step is still running in that worker (a hung env holds a thread there)
+                self._quarantine_worker(g.worker, f"left a step unanswered for {self.step_timeout:.0f}s")
             logger.warning(
                 "envs %s on worker %s %s (%s); rebuilding them",
                 g.env_indices,
@@ -1144,7 +1175,8 @@ class DaskVecEnv(VecEnv):
 
     def _plan_migration(self, leaving: list[_Group], now: float) -> _Moves | None:
         """Where to move groups whose worker leaves soon; ``None`` if no worker can take them yet."""
-        staying = [w for w in self._eligible() if not self._leaving(w, now)]
+        quarantined = self._quarantined()
+        staying = [w for w in self._eligible() if not self._leaving(w, now) and w not in quarantined]
         if not staying:
             self._next_migrate_check = time.monotonic() + 5.0
             logger.warning(
@@ -1160,7 +1192,8 @@ class DaskVecEnv(VecEnv):
     def _plan_rebalance(self) -> int:
         """Plan the moves that even out envs over the eligible workers (see :meth:`rebalance`)."""
         now = time.time()
-        workers = [w for w in self._eligible() if not self._leaving(w, now)]
+        quarantined = self._quarantined()
+        workers = [w for w in self._eligible() if not self._leaving(w, now) and w not in quarantined]
         groups = list(self._groups)
         plan = recovery.plan_rebalance([(g.env_indices, g.worker) for g in groups], workers, self.envs_per_actor)
         if not plan:

@@ -358,6 +358,46 @@ def test_auto_rebalance_splits_a_group(procs: DaskProcesses) -> None:
         assert_layout_intact(env)
 
 
+@pytest.mark.timeout(240)
+def test_frozen_worker_costs_one_placement_timeout(procs: DaskProcesses) -> None:
+    """A worker that stops answering (SIGSTOP) but is still on the scheduler's list."""
+    import signal
+
+    ensure_workers(procs, 3)
+    env = DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, envs_per_actor=2,
+                     timeout=10)
+    frozen = None
+    try:
+        held = group_pids(env)
+        (idle,) = [p for p in live_workers(procs) if p.pid not in held]
+        victim_pid = next(pid for pid, envs in held.items() if 0 in envs)
+        env.reset()
+        actions = np.zeros(4, dtype=np.int64)
+        env.step(actions)
+        os.kill(idle.pid, signal.SIGSTOP)
+        frozen = idle
+        procs.kill_worker(process_of(procs, victim_pid))
+        # the lost envs go to the worker holding none, the frozen one: its placement
+        # times out (10 s) and they land on the last live worker
+        _, _, dones, infos = env.step(actions)
+        m = markers(infos)
+        assert sorted(m) == sorted(held[victim_pid]) and all(dones[i] for i in m)
+        assert set(group_pids(env)) == set(held) - {victim_pid}
+        # Without the quarantine the idle frozen worker is the obvious target of a
+        # rebalance, and every later placement would wait out the timeout on it again.
+        assert env.rebalance() == 0
+        restarts = len(env.restart_log)
+        for _ in range(3):
+            env.step(actions)
+        assert len(env.restart_log) == restarts
+        assert_layout_intact(env)
+    finally:
+        env.close()
+        if frozen is not None:
+            os.kill(frozen.pid, signal.SIGCONT)
+            procs.kill_worker(frozen)
+
+
 # --------------------------------------------------------------------------- hangs
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
