@@ -550,8 +550,9 @@ class ChannelServer:
     name : str
         Used in thread names and log messages.
     unix_dir : str or None, optional
-        Directory in which to make the private directory of the Unix socket (default:
-        the system's temporary directory). ``None`` or an unusable directory: TCP only.
+        Directory in which to make the private directory of the Unix socket; ``""``
+        (the default) is the system's temporary directory. ``None`` or an unusable
+        directory: TCP only.
     busy_poll : float, optional
         Seconds to keep polling a connection for its next request after each reply,
         before sleeping in the kernel (default 0: sleep at once). When the client

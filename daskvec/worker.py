@@ -35,6 +35,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -216,6 +217,16 @@ def _error_payload(exc: BaseException, env_index: int | None, worker: str) -> di
     }
 
 
+class _WorkerDirectory:
+    """Default of ``EnvGroup(unix_dir=...)``: the worker's local directory (see :func:`_unix_dir`)."""
+
+    def __repr__(self) -> str:
+        return "<the worker's local directory>"
+
+
+WORKER_DIRECTORY = _WorkerDirectory()
+
+
 class EnvGroup:
     """A slice of environments living on one Dask worker, as a stateful actor.
 
@@ -238,8 +249,10 @@ class EnvGroup:
     listen_host : str, optional
         Interface of the direct channel; by default the current worker's host.
     unix_dir : str, optional
-        Where the direct channel's Unix socket goes; by default the worker's local
-        directory, which Dask cleans up after the worker (``None``: no Unix socket).
+        Where the direct channel's Unix socket goes; by default
+        (``WORKER_DIRECTORY``) the worker's local directory, which Dask cleans up after
+        the worker, or the system's temporary directory outside a worker (``None``: no
+        Unix socket).
     busy_poll : float, optional
         Seconds the direct channel polls for the next request after each reply
         (see :class:`daskvec.transport.ChannelServer`).
@@ -256,7 +269,7 @@ class EnvGroup:
         *,
         worker_address: str | None = None,
         listen_host: str | None = None,
-        unix_dir: str | None = "",
+        unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
         busy_poll: float = 0.0,
     ) -> None:
         self._worker = _current_worker()
@@ -297,7 +310,7 @@ class EnvGroup:
             # the server's threads must not keep the group alive: see _release below
             self._server = ChannelServer(
                 host, token, _weak_dispatch(weakref.ref(self)), name="daskvec-group",
-                unix_dir=_unix_dir(self._worker) if unix_dir == "" else unix_dir,
+                unix_dir=_unix_dir(self._worker) if isinstance(unix_dir, _WorkerDirectory) else unix_dir,
                 busy_poll=busy_poll,
             )
         # Closes the channel and the envs once: from shutdown(), or when the group is
@@ -628,7 +641,7 @@ def _listen_host(worker: Any) -> str:
 def _unix_dir(worker: Any) -> str:
     """The worker's local directory (Dask removes it after the worker), else the temp dir."""
     directory = getattr(worker, "local_directory", None)
-    return str(directory) if directory and os.path.isdir(directory) else ""
+    return str(directory) if directory and os.path.isdir(directory) else tempfile.gettempdir()
 
 
 # --------------------------------------------------------------------------- env process
