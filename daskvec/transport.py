@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from collections import ChainMap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -864,7 +864,7 @@ class ActorChannel:
         self._pending = None
 
 
-def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Iterator[Any]:
+def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Generator[Any, None, None]:
     """Yield the replies of many channels, one wait for all of them, each as soon as it is in.
 
     The channels are read in order, so a caller can take in the first reply while the

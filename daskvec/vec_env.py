@@ -15,6 +15,7 @@ observation as ``info["terminal_observation"]`` and a ``info["daskvec"]`` marker
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import secrets
@@ -320,6 +321,7 @@ class DaskVecEnv(VecEnv):
         self._profiler_warned: set[str] = set()
         self._pending_moves: _Moves | None = None
         self._pending_reports: dict[int, tuple[dict[str, Any], Any]] = {}
+        self._arrived: dict[str, Any] = {}  # replies of the pending step already read, by group id
         self._next_migrate_check = 0.0
 
         self._resolved = _cluster.resolve_client(
@@ -881,6 +883,7 @@ class DaskVecEnv(VecEnv):
             )
         arr = actions if isinstance(actions, np.ndarray) else None
         self.timer.sent()
+        self._arrived.clear()
         for g in self._groups:
             if arr is not None:
                 group_actions: Any = arr[g.index]
@@ -902,11 +905,13 @@ class DaskVecEnv(VecEnv):
         env_seconds = 0.0
         error: dict[str, Any] | None = None
         # Each reply is taken in as soon as it is read, while later groups may still be
-        # stepping; whatever happens, every channel's reply is read before this returns.
-        replies = iter_replies([g.channel for g in live], self.step_timeout)
+        # stepping. Replies read before an interrupted wait (Ctrl-C) are not read again.
+        replies = iter_replies([g.channel for g in live if g.gid not in self._arrived], self.step_timeout)
         try:
-            for g, rep in zip(live, replies, strict=True):
-                results[g.gid] = rep
+            for g in live:
+                if g.gid not in self._arrived:
+                    self._arrived[g.gid] = next(replies)
+                rep = results[g.gid] = self._arrived[g.gid]
                 if isinstance(rep, BaseException):
                     continue
                 status, value = rep
@@ -928,10 +933,16 @@ class DaskVecEnv(VecEnv):
                     g.last_restarts = reply.restarts
                     self._sync_error_restarts(g, reply.restarts)
                 env_seconds = max(env_seconds, reply.env_seconds)
-        finally:
-            for _ in replies:  # only left over when taking in a reply raised
-                continue
-            self.waiting = False
+        except BaseException:
+            # Taking in a reply failed (say, observations that do not fit): read the other
+            # replies, so that the channels stay in step. If the wait itself was interrupted
+            # (Ctrl-C), the step stays pending: step_wait() or close() collects it.
+            if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:
+                for _ in replies:
+                    continue
+                self.waiting = False
+            raise
+        self.waiting = False
         lost = [g for g in self._groups if isinstance(results[g.gid], BaseException)]
         if self._pending_reports:
             self._report_pending()
@@ -1249,7 +1260,7 @@ class DaskVecEnv(VecEnv):
         self.closed = True
         stuck: list[_Group] = []
         if self.waiting:
-            live = [g for g in self._groups if g.failed is None]
+            live = [g for g in self._groups if g.failed is None and g.gid not in self._arrived]
             replies = recv_many([g.channel for g in live], min(self.step_timeout, 30.0))
             # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
             stuck = [g for g, r in zip(live, replies, strict=True) if isinstance(r, BaseException)]

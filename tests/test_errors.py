@@ -243,6 +243,34 @@ def test_observations_of_the_wrong_shape(transport: str, bad: list[int], dclient
         venv.close()
 
 
+def test_interrupted_step_wait_stays_pending(dclient: Any) -> None:
+    """Ctrl-C while waiting for replies leaves the step pending; the next step_wait collects it."""
+    # a step_wait that read the first group's reply again would time out after 20 s
+    venv = DaskVecEnv(counting(4), client=dclient, transport="direct", envs_per_actor=2, step_timeout=20)
+    try:
+        venv.reset()
+        channel = venv._groups[1].channel
+        real_recv = channel.recv
+
+        def interrupted(timeout: float | None) -> Any:
+            channel.recv = real_recv  # type: ignore[method-assign]
+            raise KeyboardInterrupt
+
+        channel.recv = interrupted  # type: ignore[method-assign]
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(KeyboardInterrupt):
+            venv.step_wait()
+        assert venv.waiting
+        with pytest.raises(AlreadySteppingError):
+            venv.step_async(np.zeros(4, dtype=np.int64))
+        obs, _, _, _ = venv.step_wait()
+        assert obs[:, 0].tolist() == [1, 1, 1, 1]
+        obs, _, _, _ = venv.step(np.zeros(4, dtype=np.int64))
+        assert obs[:, 0].tolist() == [2, 2, 2, 2]
+    finally:
+        venv.close()
+
+
 # --------------------------------------------------------------------------- timeouts
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", TRANSPORTS)
