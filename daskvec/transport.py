@@ -66,9 +66,9 @@ __all__ = [
     "StepReply",
     "decode",
     "encode",
+    "iter_replies",
     "machine_id",
     "pack",
-    "iter_replies",
     "recv_many",
     "unpack",
 ]

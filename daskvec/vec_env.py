@@ -59,7 +59,7 @@ from daskvec.transport import (
     machine_id,
     recv_many,
 )
-from daskvec.worker import INFO_KEY, EnvGroup, EnvHost, kill_env_process, restart_seed
+from daskvec.worker import INFO_KEY, EnvGroup, EnvHost, kill_env_process, obs_shape, restart_seed
 
 logger = logging.getLogger(__name__)
 
@@ -806,7 +806,7 @@ class DaskVecEnv(VecEnv):
         except (ValueError, TypeError, KeyError, IndexError) as e:
             raise ValueError(
                 f"envs {g.env_indices} on {g.worker} returned observations that do not fit the observation "
-                f"space {self.observation_space} (got {_describe_obs(stacked)}): {e}; "
+                f"space {self.observation_space} (got shape {obs_shape(stacked)}): {e}; "
                 "make each env's observations match its observation_space"
             ) from e
 
@@ -901,7 +901,6 @@ class DaskVecEnv(VecEnv):
         if not self.waiting:
             raise NoAsyncCallError("step_wait() called without a pending step_async()")
         live = [g for g in self._groups if g.failed is None]
-        results: dict[str, Any] = {g.gid: g.failed for g in self._groups if g.failed is not None}
         env_seconds = 0.0
         error: dict[str, Any] | None = None
         # Each reply is taken in as soon as it is read, while later groups may still be
@@ -911,7 +910,7 @@ class DaskVecEnv(VecEnv):
             for g in live:
                 if g.gid not in self._arrived:
                     self._arrived[g.gid] = next(replies)
-                rep = results[g.gid] = self._arrived[g.gid]
+                rep = self._arrived[g.gid]
                 if isinstance(rep, BaseException):
                     continue
                 status, value = rep
@@ -943,6 +942,7 @@ class DaskVecEnv(VecEnv):
                 self.waiting = False
             raise
         self.waiting = False
+        results: dict[str, Any] = {g.gid: g.failed for g in self._groups if g.failed is not None} | self._arrived
         lost = [g for g in self._groups if isinstance(results[g.gid], BaseException)]
         if self._pending_reports:
             self._report_pending()
@@ -1157,6 +1157,11 @@ class DaskVecEnv(VecEnv):
         load = {w: k for w, k in self._load().items() if w in candidates}
         return list(zip(env_groups, _cluster.assign_workers(env_groups, candidates, load), strict=True))
 
+    def _receivers(self, now: float) -> list[str]:
+        """Eligible workers that may take envs moved on purpose: neither leaving soon nor quarantined."""
+        quarantined = self._quarantined()
+        return [w for w in self._eligible() if not self._leaving(w, now) and w not in quarantined]
+
     def _leaving(self, worker: str, now: float) -> bool:
         """Whether ``worker`` is expected to leave (lifetime, walltime) within ``migrate_before``."""
         deadline = self._worker_deadlines.get(worker)
@@ -1186,8 +1191,7 @@ class DaskVecEnv(VecEnv):
 
     def _plan_migration(self, leaving: list[_Group], now: float) -> _Moves | None:
         """Where to move groups whose worker leaves soon; ``None`` if no worker can take them yet."""
-        quarantined = self._quarantined()
-        staying = [w for w in self._eligible() if not self._leaving(w, now) and w not in quarantined]
+        staying = self._receivers(now)
         if not staying:
             self._next_migrate_check = time.monotonic() + 5.0
             logger.warning(
@@ -1203,8 +1207,7 @@ class DaskVecEnv(VecEnv):
     def _plan_rebalance(self) -> int:
         """Plan the moves that even out envs over the eligible workers (see :meth:`rebalance`)."""
         now = time.time()
-        quarantined = self._quarantined()
-        workers = [w for w in self._eligible() if not self._leaving(w, now) and w not in quarantined]
+        workers = self._receivers(now)
         groups = list(self._groups)
         plan = recovery.plan_rebalance([(g.env_indices, g.worker) for g in groups], workers, self.envs_per_actor)
         if not plan:
@@ -1332,16 +1335,6 @@ class DaskVecEnv(VecEnv):
 def _channel_name(channel: Channel) -> str:
     family = getattr(channel, "family", None)
     return channel.kind if family is None else f"{channel.kind}/{family}"
-
-
-def _describe_obs(stacked: Any) -> str:
-    """Shape and dtype of a group's stacked observations, for error messages."""
-    if isinstance(stacked, dict):
-        return "{" + ", ".join(f"{k!r}: {_describe_obs(v)}" for k, v in stacked.items()) + "}"
-    if isinstance(stacked, tuple):
-        return "(" + ", ".join(_describe_obs(v) for v in stacked) + ")"
-    arr = np.asarray(stacked)
-    return f"shape {arr.shape} dtype {arr.dtype}"
 
 
 def _ranges(indices: list[int]) -> str:

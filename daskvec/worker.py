@@ -106,12 +106,12 @@ def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
     return stacked
 
 
-def _obs_shape(obs: Any) -> Any:
+def obs_shape(obs: Any) -> Any:
     """The shape of one env's observation (per key or entry for dict and tuple ones)."""
     if isinstance(obs, dict):
-        return {k: _obs_shape(v) for k, v in obs.items()}
+        return {k: obs_shape(v) for k, v in obs.items()}
     if isinstance(obs, tuple):
-        return tuple(_obs_shape(v) for v in obs)
+        return tuple(obs_shape(v) for v in obs)
     return np.shape(obs)
 
 
@@ -510,7 +510,7 @@ class EnvGroup:
         try:
             return stack_obs(obs_list, self.envs[0].observation_space)
         except (ValueError, TypeError, KeyError, IndexError) as e:
-            shapes = ", ".join(f"env {i}: {_obs_shape(o)}" for i, o in zip(self.env_indices, obs_list, strict=True))
+            shapes = ", ".join(f"env {i}: {obs_shape(o)}" for i, o in zip(self.env_indices, obs_list, strict=True))
             raise ValueError(
                 f"the observations of envs {self.env_indices} do not stack ({shapes}): {e}; "
                 "make each env's observations match its observation_space"
