@@ -27,6 +27,8 @@ from typing import Any
 import cloudpickle
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from daskvec import _dask
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "assign_workers",
     "dumps_factories",
     "eligible_workers",
+    "install_dashboard_page",
+    "keep_env_workers",
     "plan_groups",
     "resolve_client",
 ]
@@ -107,8 +111,23 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
     # The workers are handed this config when they start. It quiets the periodic work
     # of their event loops, which competes for the GIL with the envs' stepping thread:
     # an idle worker's loop uses ~5% of a core with the defaults, ~2% with these.
+    install_dashboard_page()  # the scheduler about to start serves the daskvec page
     with dask.config.set(EMBEDDED_WORKER_CONFIG):
         return LocalCluster(**opts)
+
+
+def install_dashboard_page() -> bool:
+    """Add the daskvec page to every Dask scheduler this process starts from now on.
+
+    :func:`daskvec.dashboard.install`, or ``False`` (with a log line saying why) when
+    Bokeh is missing or too old for Dask's dashboard.
+    """
+    try:
+        from daskvec import dashboard
+    except ImportError as e:
+        logger.info("daskvec dashboard page not installed: %s", e)
+        return False
+    return dashboard.install()
 
 
 #: Dask config of the embedded cluster's workers (see :func:`embedded_cluster`). Actor
@@ -186,12 +205,26 @@ def uses_tls(client: Any) -> bool:
 def scheduler_workers(client: Any) -> dict[str, Any]:
     """The scheduler's current view of every worker: ``{address: worker info}``.
 
-    This asks the scheduler directly. ``Client.scheduler_info()`` returns a cache that
-    the client's own periodic refresh rewrites, without per-worker entries, from its
-    event loop thread; read right after a fetch it can come back with no workers at all.
+    Asked of the scheduler itself, not read from the client's cache (see
+    :func:`daskvec._dask.scheduler_workers`).
     """
-    identity = client.sync(client.scheduler.identity, n_workers=-1)
-    return dict(identity.get("workers", {}))
+    return _dask.scheduler_workers(client)
+
+
+def keep_env_workers(client: Any) -> None:
+    """Register :class:`KeepEnvWorkers` on the client's scheduler (once; later calls replace it).
+
+    A scheduler that cannot import daskvec refuses it: then a warning says that adaptive
+    scale-down may close workers holding envs.
+    """
+    try:
+        client.register_plugin(KeepEnvWorkers(), name=KeepEnvWorkers.name)
+    except Exception as e:
+        logger.warning(
+            "could not register the scale-down plugin on the scheduler (%s); "
+            "adaptive scale-down may close workers holding envs",
+            e,
+        )
 
 
 def eligible_workers(

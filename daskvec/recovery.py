@@ -1,25 +1,39 @@
-"""Planning for fault tolerance: where envs go when groups are rebalanced or moved.
+"""Recovery: lost groups, moves, rebalancing, and the ledger of every restart.
 
-:class:`~daskvec.DaskVecEnv` rebuilds env groups in three situations: their worker
-was lost or hung (see ``DaskVecEnv._handle_lost``), their worker is about to leave
-(``migrate_before``), or workers joined and the envs are spread again
-(:meth:`~daskvec.DaskVecEnv.rebalance`). This module holds the pure planning part of
-the last two, so that it can be reasoned about (and tested) without a cluster: it
-only sees which envs each group holds and on which worker.
+:class:`~daskvec.DaskVecEnv` rebuilds env groups in four situations: their worker was
+lost or hung (:meth:`Recovery.handle_lost`), their worker is about to leave
+(``migrate_before``), workers joined and the envs are spread again
+(:meth:`~daskvec.DaskVecEnv.rebalance`), or an env raised and was rebuilt by its own
+group (``on_env_error="restart"``, counted here). :class:`Recovery` does the rebuilding
+through the pool and returns :class:`Rebuild` records; it never touches the step
+buffers, which turn the records into truncations (:mod:`daskvec.buffers`).
+:class:`RestartLedger` is the one owner of restart counts, seeds and the restart log.
 
-The invariant every plan keeps: the envs of the groups it tears down are exactly the
-envs of the groups it creates, each once. :func:`check_plan` enforces it.
+The planning of moves is pure (:func:`plan_rebalance`), so that it can be reasoned
+about and tested without a cluster: it only sees which envs each group holds and on
+which worker. The invariant every plan keeps: the envs of the groups it tears down are
+exactly the envs of the groups it creates, each once. :func:`check_plan` enforces it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from daskvec.directory import Layout, WorkerDirectory
+from daskvec.errors import StepTimeoutError, WorkerLostError
+from daskvec.options import Options
+from daskvec.pool import Group, GroupPool
+from daskvec.protocol import Command, ResetReply, restart_seed, unwrap
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MovePlan", "check_plan", "plan_rebalance"]
+__all__ = ["MovePlan", "Rebuild", "Recovery", "RestartLedger", "check_plan", "plan_rebalance"]
 
 
 @dataclass
@@ -147,3 +161,266 @@ def plan_rebalance(
     plan.old.sort()
     check_plan(groups, plan)
     return plan
+
+
+# --------------------------------------------------------------------------- restart ledger
+class RestartLedger:
+    """Every restart of every env: counts, seeds and the log.
+
+    Attributes
+    ----------
+    restart_counts : numpy.ndarray
+        How many times each env was rebuilt (lost worker, hang, move or env error).
+    error_restarts : numpy.ndarray
+        How many of those were caused by the env's own exceptions (they count against
+        ``max_restarts`` wherever the env is rebuilt).
+    log : list of dict
+        One entry per rebuilt env: index, reason, worker, step (and ``from_worker``).
+    base_seeds : list of int or None
+        The seed the user last gave each env; restart seeds derive from it.
+    """
+
+    def __init__(self, n_envs: int) -> None:
+        self.restart_counts = np.zeros(n_envs, dtype=np.int64)
+        self.error_restarts = np.zeros(n_envs, dtype=np.int64)
+        self.log: list[dict[str, Any]] = []
+        self.base_seeds: list[int | None] = [None] * n_envs
+
+    def set_seeds(self, seeds: Sequence[int | None]) -> None:
+        """Remember the seeds the user gave (``None``: keep the previous one)."""
+        for i, seed in enumerate(seeds):
+            if seed is not None:
+                self.base_seeds[i] = int(seed)
+
+    def env_errors(self, group: Group, restarted: dict[int, dict[str, Any]], step: int) -> None:
+        """Record the envs that ``group`` rebuilt after their errors (positions to markers)."""
+        for pos, marker in restarted.items():
+            i = group.env_indices[pos]
+            self.restart_counts[i] += 1
+            self.error_restarts[i] = max(int(self.error_restarts[i]), int(marker.get("restarts", 0)))
+            self.log.append({"env": i, "reason": "env_error", "worker": group.worker, "step": step})
+
+    def next_seeds(self, indices: Sequence[int]) -> dict[int, int]:
+        """Count one more rebuild of each env in ``indices``; return the seed each is reset with."""
+        seeds = {}
+        for i in indices:
+            self.restart_counts[i] += 1
+            seeds[i] = restart_seed(i, int(self.restart_counts[i]), self.base_seeds[i])
+        return seeds
+
+    def rebuilt(self, i: int, reason: str, from_worker: str, worker: str, seed: int, step: int) -> dict[str, Any]:
+        """Log env ``i``'s rebuild on ``worker``; return the marker its infos carry."""
+        self.log.append({"env": i, "reason": reason, "worker": worker, "from_worker": from_worker, "step": step})
+        return {
+            "restarted": True,
+            "reason": reason,
+            "from_worker": from_worker,
+            "worker": worker,
+            "restarts": int(self.restart_counts[i]),
+            "seed": seed,
+        }
+
+
+# --------------------------------------------------------------------------- rebuilding
+@dataclass
+class Rebuild:
+    """A group rebuilt in place of lost or moved envs: what the learner must be told.
+
+    Attributes
+    ----------
+    group : Group
+        The new group.
+    reply : ResetReply
+        Its envs' first observations and reset infos.
+    markers : dict of int to dict
+        By env index: the ``info["daskvec"]`` marker (reason, workers, seed).
+    """
+
+    group: Group
+    reply: ResetReply
+    markers: dict[int, dict[str, Any]]
+
+    def moved(self, i: int) -> bool:
+        """Whether env ``i`` was moved on purpose (its last step happened) rather than lost."""
+        return self.markers[i]["reason"] == "moved"
+
+
+#: Groups to tear down, and where their envs go.
+Moves = tuple[list[Group], Layout]
+
+#: Rebuild attempts before the envs count as lost for good.
+_ATTEMPTS = 4
+
+
+class Recovery:
+    """Rebuilds groups that were lost, hung or moved, and plans the moves.
+
+    Parameters
+    ----------
+    pool : GroupPool
+        The vec env's groups.
+    directory : WorkerDirectory
+        Where envs may go.
+    ledger : RestartLedger
+        Where the restarts are counted.
+    options : Options
+        Reads ``on_worker_lost``, the timeouts, ``env_process``, ``envs_per_actor``,
+        ``auto_rebalance`` and ``rebalance_interval``.
+    """
+
+    def __init__(self, pool: GroupPool, directory: WorkerDirectory, ledger: RestartLedger, options: Options) -> None:
+        self.pool = pool
+        self.directory = directory
+        self.ledger = ledger
+        self.options = options
+        self.steps = 0  # the vec env's step count, for the log
+        self._moves: Moves | None = None
+        self._next_migrate_check = 0.0
+        self._last_rebalance_check = time.monotonic()
+
+    # ------------------------------------------------------------------ lost groups
+    def handle_lost(self, lost: dict[Group, BaseException], waited: float) -> list[Rebuild]:
+        """Rebuild the envs of ``lost`` groups elsewhere (``on_worker_lost="restart"``).
+
+        Parameters
+        ----------
+        lost : dict of Group to exception
+            Each lost group, and what its channel raised (``TimeoutError``: it hung).
+        waited : float
+            The timeout that expired, for the messages.
+
+        Raises
+        ------
+        WorkerLostError, StepTimeoutError
+            With ``on_worker_lost="raise"`` (the groups are torn down first), or when
+            the envs could not be rebuilt anywhere.
+        """
+        reasons = {g: "timeout" if isinstance(exc, TimeoutError) else "worker_lost" for g, exc in lost.items()}
+        if self.options.on_worker_lost == "raise":
+            g, exc = next(iter(lost.items()))
+            indices = sorted(i for x in lost for i in x.env_indices)
+            self.pool.teardown(list(lost), graceful=False)
+            cls = StepTimeoutError if reasons[g] == "timeout" else WorkerLostError
+            what = f"did not answer within {waited:.1f}s" if cls is StepTimeoutError else f"was lost ({exc})"
+            err = cls(f"the worker {g.worker} holding envs {indices} {what}", env_indices=indices, worker=g.worker)
+            raise err from exc
+        for g, exc in lost.items():
+            if reasons[g] == "timeout" and not self.options.env_process:
+                # the step is still running in that worker (a hung env holds a thread there)
+                self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.0f}s")
+            what = "timed out" if reasons[g] == "timeout" else "were lost"
+            logger.warning("envs %s on worker %s %s (%s); rebuilding them", g.env_indices, g.worker, what, exc)
+        return self.relocate(list(lost), reasons)
+
+    def relocate(self, old: list[Group], reasons: dict[Group, str], layout: Layout | None = None) -> list[Rebuild]:
+        """Replace the ``old`` groups by new ones holding the same envs, reset with restart seeds.
+
+        Parameters
+        ----------
+        old : list of Group
+            Groups to tear down (gracefully when all of them are being moved).
+        reasons : dict of Group to str
+            ``"worker_lost"``, ``"timeout"`` or ``"moved"`` per group.
+        layout : list of (env indices, worker), optional
+            Where the envs go (must hold exactly the envs of ``old``); by default the
+            old groups are placed again on the least-loaded live workers.
+        """
+        reason_of = {i: reasons[g] for g in old for i in g.env_indices}
+        worker_of = {i: g.worker for g in old for i in g.env_indices}
+        lost_workers = {g.worker for g in old if reasons[g] != "moved"}
+        timed_out = {g.worker for g in old if reasons[g] == "timeout"}
+        self.pool.teardown(old, graceful=all(reasons[g] == "moved" for g in old))
+        if layout is not None and sorted(i for ind, _ in layout for i in ind) != sorted(reason_of):
+            raise RuntimeError(f"daskvec internal error: relocating envs {sorted(reason_of)} with layout {layout}")
+        if layout is None:
+            env_groups = [list(g.env_indices) for g in old]
+            layout = self.directory.place(env_groups, self.pool.load(), lost_workers, lost_workers - timed_out)
+        seeds = self.ledger.next_seeds(sorted(reason_of))
+        rebuilds: list[Rebuild] = []
+        bad = set(lost_workers)
+        for attempt in range(_ATTEMPTS):
+            spawned = self.pool.spawn(layout, self.ledger.error_restarts, exclude=sorted(bad))
+            requests: dict[Group, Any] = {
+                g: (Command.RESET, ([seeds[i] for i in g.env_indices], [{}] * len(g.env_indices))) for g in spawned
+            }
+            replies = self.pool.call(requests, self.options.timeout)
+            failed = [g for g in spawned if isinstance(replies[g], BaseException)]
+            for g in spawned:
+                if g not in failed:
+                    markers = {
+                        i: self.ledger.rebuilt(i, reason_of[i], worker_of[i], g.worker, seeds[i], self.steps)
+                        for i in g.env_indices
+                    }
+                    rebuilds.append(Rebuild(g, unwrap(replies[g]), markers))
+            if not failed:
+                break
+            lost_again = sorted(i for g in failed for i in g.env_indices)
+            self.pool.teardown(failed, graceful=False)
+            if attempt == _ATTEMPTS - 1:
+                raise WorkerLostError(
+                    f"the envs {lost_again} were lost again each time they were rebuilt",
+                    env_indices=lost_again,
+                    worker=failed[0].worker,
+                )
+            # the worker died again while the envs were being rebuilt: place them once more
+            logger.warning(
+                "envs %s were lost again while being rebuilt on %s; retrying",
+                lost_again,
+                sorted({g.worker for g in failed}),
+            )
+            bad |= {g.worker for g in failed}
+            layout = self.directory.place([list(g.env_indices) for g in failed], self.pool.load(), bad)
+        self.pool.groups.sort(key=lambda g: g.env_indices[0])
+        logger.info("rebuilt envs %s on %s", sorted(reason_of), sorted({r.group.worker for r in rebuilds}))
+        return rebuilds
+
+    # ------------------------------------------------------------------ moves
+    @property
+    def moves_planned(self) -> bool:
+        """Whether a rebalance was planned and not carried out yet."""
+        return self._moves is not None
+
+    def migrate(self) -> list[Rebuild]:
+        """Carry out due moves: a planned rebalance, or groups near their worker's end."""
+        if (
+            self.options.auto_rebalance
+            and time.monotonic() - self._last_rebalance_check > self.options.rebalance_interval
+        ):
+            self._last_rebalance_check = time.monotonic()
+            self.plan_rebalance()
+        moves, self._moves = self._moves, None
+        if moves is not None and any(g not in self.pool.groups for g in moves[0]):
+            moves = None  # groups changed since the plan was made (e.g. a worker was lost): replan later
+        if moves is None and time.monotonic() >= self._next_migrate_check:
+            now = time.time()
+            leaving = [g for g in self.pool.groups if self.directory.leaving(g.worker, now)]
+            moves = self._plan_migration(leaving) if leaving else None
+        if moves is None:
+            return []
+        old, layout = moves
+        logger.info(
+            "moving envs %s off %s", sorted(i for g in old for i in g.env_indices), sorted({g.worker for g in old})
+        )
+        return self.relocate(old, dict.fromkeys(old, "moved"), layout=layout)
+
+    def _plan_migration(self, leaving: list[Group]) -> Moves | None:
+        """Where to move groups whose worker leaves soon; ``None`` if no worker can take them yet."""
+        staying = self.directory.receivers()
+        if not staying:
+            self._next_migrate_check = time.monotonic() + 5.0
+            logger.warning(
+                "envs %s are on workers that leave within %.0fs, and no other worker can take them yet",
+                sorted(i for g in leaving for i in g.env_indices),
+                self.options.migrate_before,
+            )
+            return None
+        return leaving, self.directory.assign([list(g.env_indices) for g in leaving], staying, self.pool.load())
+
+    def plan_rebalance(self) -> int:
+        """Plan the moves that even out envs over the receiving workers; return how many envs move."""
+        groups = list(self.pool.groups)
+        plan = plan_rebalance(
+            [(g.env_indices, g.worker) for g in groups], self.directory.receivers(), self.options.envs_per_actor
+        )
+        self._moves = ([groups[p] for p in plan.old], plan.layout) if plan else None
+        return plan.moved_envs

@@ -23,11 +23,11 @@ moves each step's data. There are two channels with one interface:
     travels as one bytes argument of an ordinary Dask actor call, so it is protected
     by whatever Dask's own comms use.
 
-Both channels carry the same messages, encoded by :func:`encode` and decoded by
-:func:`decode`: a request is ``(command, args)``, a reply ``("ok", value)`` or
-``("err", error)``. The worker side (:mod:`daskvec.worker`) produces replies; the
-client side (:mod:`daskvec.vec_env`) sends requests and waits for replies with
-:func:`recv_many`, one wait for all groups per step.
+Both channels carry the same messages (:mod:`daskvec.protocol`), encoded by
+:func:`encode` and decoded by :func:`decode`: a request is ``(Command, args)``, a reply
+the command's value or a :class:`~daskvec.protocol.RemoteError`. The worker side
+(:mod:`daskvec.worker`) produces replies; the client side (:mod:`daskvec.pool`) sends
+requests and waits for replies with :func:`iter_replies`, one wait for all groups per step.
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ import threading
 import time
 from collections import ChainMap
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import cloudpickle
 import numpy as np
+
+from daskvec.protocol import StepReply
 
 logger = logging.getLogger(__name__)
 
@@ -129,68 +130,24 @@ _Pickler.dispatch_table = ChainMap(_ARRAYS, cast(Any, copyreg.dispatch_table))
 _CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_table)
 
 
-# ------------------------------------------------------------- step replies
-@dataclass(slots=True, eq=False)
-class StepReply:
-    """What one env group returns for a step: the value of its ``("ok", ...)`` reply.
-
-    The worker (:meth:`daskvec.worker.EnvGroup._step`) builds it, the client
-    (:meth:`daskvec.vec_env.DaskVecEnv.step_wait`) reads it, and :func:`encode` writes
-    it in the compact form when ``plain`` says that it fits.
-
-    Attributes
-    ----------
-    obs : array, dict or tuple of arrays
-        The group's observations stacked along a first axis (after any automatic reset).
-    rewards : numpy.ndarray
-        ``float64``, one per env.
-    dones : numpy.ndarray
-        ``bool``, one per env.
-    infos : list of dict
-        One per env. Every one holds ``"TimeLimit.truncated"``; those of finished
-        episodes hold ``"terminal_observation"`` too.
-    reset_infos : dict of int to dict
-        For the envs that were reset after their episode ended (by position in the
-        group): the reset info.
-    env_seconds : float
-        Wall time the group spent in its envs' ``step`` and ``reset`` calls.
-    restarts : list of int
-        Each env's restart count.
-    plain : bool
-        Set by the group when its infos hold nothing but what it adds itself
-        (``"TimeLimit.truncated"``, and ``"terminal_observation"`` exactly for the
-        finished episodes) and every reset info is empty: then the reply travels in
-        the compact form, from which :func:`decode` rebuilds the same infos.
-    """
-
-    obs: Any
-    rewards: np.ndarray
-    dones: np.ndarray
-    infos: list[dict[str, Any]]
-    reset_infos: dict[int, dict[str, Any]]
-    env_seconds: float
-    restarts: list[int]
-    plain: bool = False
-
-
 # ------------------------------------------------------------- compact step messages
 # The two messages of every step have a fixed form: ("step", (actions,)) and, in the
-# common case, ("ok", StepReply) whose infos carry nothing but the keys the group adds
-# itself (the group says so: StepReply.plain). They are written as raw arrays behind a
+# common case, a StepReply whose envs returned no info keys of their own, with empty
+# reset infos and no restarts. They are written as raw arrays behind a
 # one-byte tag instead of as a pickle: no pickler, no reduce callbacks, no objects to
-# rebuild by the unpickler. Both sit on the critical path of every step; with cheap
-# envs this gave 14% more steps per second (docs/benchmark.md). Every other message,
-# and every step reply that does not fit (dict observations, infos with keys of the
-# env's own, reset infos that are not empty), stays a pickle. A pickle of protocol 2
-# or later starts with 0x80, so the tags below never collide with one.
+# rebuild by the unpickler. Both sit on the critical path of every step (what this gains
+# is measured in docs/benchmark.md). Every other message, and every step reply that does
+# not fit (dict observations, infos with keys of the env's own, reset infos that are not
+# empty), stays a pickle. A pickle of protocol 2 or later starts with 0x80, so the tags
+# below never collide with one.
 _STEP_REQUEST = 0x01
 _STEP_REPLY = 0x02
 _PICKLE = 0x80
 # per-env bits of a compact step reply
-_DONE, _TRUNCATED, _TERMINAL, _RESET_INFO = 1, 2, 4, 8
+_TERMINATED, _TRUNCATED, _FINAL_OBS, _RESET_INFO = 1, 2, 4, 8
 _REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then n flag bytes,
-# n little-endian float64 rewards, n int64 restart counts, the observations and, if any
-# env has a terminal observation, those stacked
+# n little-endian float64 rewards, the observations and, if any episode ended, the final
+# observations stacked
 _ARRAY_HEAD = struct.Struct("<BBB")  # length of the dtype string, ndim, out of band?
 _F8 = np.dtype("<f8")
 _META_OUT: dict[tuple[np.dtype[Any], tuple[int, ...], bool], bytes] = {}
@@ -250,71 +207,68 @@ def _read_array(payload: Any, offset: int, extra: list[Any]) -> tuple[np.ndarray
     return arr.reshape(shape), offset
 
 
-def _encode_step(obj: Any) -> tuple[bytes, list[memoryview]] | None:
-    """The compact form of a step request or reply, or None if ``obj`` has no such form."""
-    if type(obj) is not tuple or len(obj) != 2:
+def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
+    """The compact form of ``("step", (actions,))``, or None if ``obj`` is not one."""
+    if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
         return None
-    head, body = obj
-    parts: list[bytes] = []
+    body = obj[1]
+    if type(body) is not tuple or len(body) != 1:
+        return None
+    actions = body[0]
+    if type(actions) is not np.ndarray or actions.dtype.hasobject:
+        return None
+    parts: list[bytes] = [b"\x01"]  # _STEP_REQUEST
     extra: list[memoryview] = []
-    if head == "step":
-        if type(body) is not tuple or len(body) != 1:
-            return None
-        actions = body[0]
-        if type(actions) is not np.ndarray or actions.dtype.hasobject:
-            return None
-        parts.append(b"\x01")  # _STEP_REQUEST
-        _array_parts(actions, parts, extra)
-        return b"".join(parts), extra
-    if head != "ok" or type(body) is not StepReply or not body.plain:
+    _array_parts(actions, parts, extra)
+    return b"".join(parts), extra
+
+
+def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | None:
+    """The compact form of a step reply, or None if it carries more than the flags can say."""
+    obs, rewards, terminated, truncated = reply.obs, reply.rewards, reply.terminated, reply.truncated
+    if reply.infos or reply.restarted or any(reply.reset_infos.values()):
         return None
-    obs, rewards, dones = body.obs, body.rewards, body.dones
-    n = len(body.infos)
+    n = len(rewards)
     if not (
         type(obs) is np.ndarray
         and not obs.dtype.hasobject
         and len(obs) == n
         and type(rewards) is np.ndarray
         and rewards.shape == (n,)
-        and type(dones) is np.ndarray
-        and dones.dtype == np.bool_
-        and dones.shape == (n,)
-        and len(body.restarts) == n
+        and type(terminated) is np.ndarray
+        and terminated.dtype == np.bool_
+        and terminated.shape == (n,)
+        and type(truncated) is np.ndarray
+        and truncated.dtype == np.bool_
+        and truncated.shape == (n,)
     ):
         return None
-    # A plain reply's infos say nothing that the flags do not: "TimeLimit.truncated",
-    # which only a finished episode sets, and the terminal observation of each one.
-    flags = bytearray(dones.tobytes())  # _DONE per finished episode
-    terminal: list[np.ndarray] = []
+    flags = bytearray(terminated.tobytes())  # _TERMINATED is bit 0
+    final: list[np.ndarray] = []
     row_shape = obs.shape[1:]
-    for pos, done in enumerate(flags):
-        if done:
-            info = body.infos[pos]
-            last = info.get("terminal_observation")
-            if type(last) is not np.ndarray or last.dtype != obs.dtype or last.shape != row_shape:
-                return None
-            terminal.append(last)
-            flags[pos] |= _TERMINAL | (_TRUNCATED if info.get("TimeLimit.truncated") else 0)
-    for pos in body.reset_infos:
+    for pos in sorted(reply.final_obs):
+        last = reply.final_obs[pos]
+        if not 0 <= pos < n or type(last) is not np.ndarray or last.dtype != obs.dtype or last.shape != row_shape:
+            return None
+        final.append(last)
+        flags[pos] |= _FINAL_OBS
+    for pos in np.flatnonzero(truncated).tolist():
+        flags[pos] |= _TRUNCATED
+    for pos in reply.reset_infos:
         if not 0 <= pos < n:
             return None
         flags[pos] |= _RESET_INFO
-    try:
-        counts = struct.pack(f"<{n}q", *body.restarts)
-    except struct.error:
-        return None
-    parts.append(_REPLY_HEAD.pack(_STEP_REPLY, body.env_seconds, n))
-    parts.append(bytes(flags))
+    parts: list[bytes] = [_REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n), bytes(flags)]
     parts.append(rewards.astype("<f8", copy=False).tobytes())
-    parts.append(counts)
+    extra: list[memoryview] = []
     _array_parts(obs, parts, extra)
-    if terminal:
-        _array_parts(np.stack(terminal), parts, extra)
+    if final:
+        _array_parts(np.stack(final), parts, extra)
     return b"".join(parts), extra
 
 
 def _decode_step(frames: Sequence[Any]) -> Any:
-    """Rebuild the message that :func:`_encode_step` wrote, as the pickle path would."""
+    """Rebuild the message that the compact encoders wrote, as the pickle path would."""
     payload = frames[0]
     extra = list(frames[1:])
     try:
@@ -323,39 +277,30 @@ def _decode_step(frames: Sequence[Any]) -> Any:
             return ("step", (actions,))
         _, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
         offset = _REPLY_HEAD.size
-        flags = bytes(payload[offset : offset + n])
+        flags = np.frombuffer(bytes(payload[offset : offset + n]), dtype=np.uint8)
         offset += n
         rewards = np.frombuffer(payload, dtype=_F8, count=n, offset=offset)
         if not rewards.flags.writeable:
             rewards = rewards.copy()
         offset += 8 * n
-        restarts = list(struct.unpack_from(f"<{n}q", payload, offset))
-        offset += 8 * n
         obs, offset = _read_array(payload, offset, extra)
-        terminal = _read_array(payload, offset, extra)[0] if any(b & _TERMINAL for b in flags) else None
+        final = _read_array(payload, offset, extra)[0] if (flags & _FINAL_OBS).any() else None
     except (struct.error, ValueError, TypeError, IndexError) as e:
         raise ChannelError(f"malformed compact message: {e}") from e
     if len(flags) != n or len(obs) != n:
         raise ChannelError("malformed compact step reply (lengths differ)")
-    infos: list[dict[str, Any]] = []
-    reset_infos: dict[int, dict[str, Any]] = {}
-    dones: list[bool] = []
-    k = 0
-    for pos, bits in enumerate(flags):
-        dones.append(bool(bits & _DONE))
-        info: dict[str, Any] = {"TimeLimit.truncated": bool(bits & _TRUNCATED)}
-        if bits & _TERMINAL:
-            if terminal is None or k >= len(terminal):
-                raise ChannelError("malformed compact step reply (terminal observations)")
-            info["terminal_observation"] = terminal[k]
-            k += 1
-        if bits & _RESET_INFO:
-            reset_infos[pos] = {}
-        infos.append(info)
-    reply = StepReply(
-        obs, rewards, np.array(dones, dtype=bool), infos, reset_infos, env_seconds, restarts, plain=True
+    final_positions = np.flatnonzero(flags & _FINAL_OBS).tolist()
+    if final_positions and (final is None or len(final) != len(final_positions)):
+        raise ChannelError("malformed compact step reply (final observations)")
+    return StepReply(
+        obs,
+        rewards,
+        (flags & _TERMINATED).astype(bool),
+        (flags & _TRUNCATED).astype(bool),
+        final_obs={pos: final[k] for k, pos in enumerate(final_positions)} if final is not None else {},
+        reset_infos={pos: {} for pos in np.flatnonzero(flags & _RESET_INFO).tolist()},
+        env_seconds=env_seconds,
     )
-    return ("ok", reply)
 
 
 def _framed(payload: bytes | memoryview, extra: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
@@ -382,7 +327,7 @@ def encode(obj: Any) -> list[bytes | memoryview]:
     list of bytes-like
         ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
-    compact = _encode_step(obj)
+    compact = _encode_step_reply(obj) if type(obj) is StepReply else _encode_step_request(obj)
     if compact is not None:
         return _framed(*compact)
     buffers: list[pickle.PickleBuffer] = []
@@ -601,9 +546,7 @@ class ChannelServer:
         if unix_dir is not None and hasattr(socket, "AF_UNIX"):
             self._listen_unix(unix_dir or None)
         for sock in self._listeners:
-            threading.Thread(
-                target=self._accept_loop, args=(sock,), name=f"{name}-accept", daemon=True
-            ).start()
+            threading.Thread(target=self._accept_loop, args=(sock,), name=f"{name}-accept", daemon=True).start()
 
     def _listen_unix(self, parent: str | None) -> None:
         try:
@@ -810,10 +753,6 @@ class DirectChannel:
         except OSError as e:
             raise ChannelError(f"receive from {self._where} failed: {e}") from e
         return decode(frames)
-
-    def fileno(self) -> int:
-        """The socket's file descriptor (for ``select``)."""
-        return -1 if self._sock is None else self._sock.fileno()
 
     def close(self) -> None:
         """See :class:`Channel`."""

@@ -61,7 +61,7 @@ def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], clien
     spec = PLACEMENTS[backend]
     workers = sorted(scheduler_workers(client))
     socket = spec.get("socket", "unix" if spec["transport"] == "direct" else None)
-    elsewhere = mock.patch("daskvec.vec_env.machine_id", return_value="another-machine/0")
+    elsewhere = mock.patch("daskvec.pool.machine_id", return_value="another-machine/0")
     with elsewhere if socket == "tcp" else contextlib.nullcontext():
         venv = DaskVecEnv(
             env_fns,

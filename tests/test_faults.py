@@ -23,7 +23,7 @@ from conftest import DaskProcesses, start_dask_processes
 from envs import CountingEnv
 
 from daskvec import DaskVecEnv
-from daskvec.cluster import scheduler_workers
+from daskvec.cluster import keep_env_workers, scheduler_workers
 from daskvec.errors import DaskVecEnvError, EnvRestartBudgetExceeded, StepTimeoutError
 from daskvec.worker import INFO_KEY, restart_seed
 
@@ -68,7 +68,7 @@ def group_pids(env: DaskVecEnv) -> dict[int, list[int]]:
     """Process id of the worker holding each group -> env indices held there."""
     out: dict[int, list[int]] = {}
     for g in env._groups:
-        out.setdefault(env._describe[g.gid]["pid"], []).extend(g.env_indices)
+        out.setdefault(g.desc["pid"], []).extend(g.env_indices)
     return out
 
 
@@ -282,7 +282,7 @@ def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> Non
             try:
                 assert set(to_close(2)) & set(holders)
             finally:
-                env._register_scheduler_plugin()
+                keep_env_workers(env.client)
             assert to_close(2) == [idle]
 
     # every worker holds envs: the plugin leaves the choice to the scheduler

@@ -32,7 +32,7 @@ def test_scheduler_address_and_worker_processes(dask_processes: Any) -> None:
             assert {g["transport"] for g in groups} == {"direct"}
             assert {g["socket"] for g in groups} == {"unix"}  # worker processes on this machine
             # the envs live in the worker processes, not here
-            pids = {g["worker"]: venv._describe[g["key"]]["pid"] for g in groups}
+            pids = {g["worker"]: g["pid"] for g in groups}
             assert pids == {w: worker_pids[w] for w in pids}
 
             for v in (venv, ref):

@@ -121,7 +121,7 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path,
     with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=client2, transport="direct",
                     envs_per_actor=2, timeout=60, env_process=env_process) as env:
         (group,) = env._groups
-        desc = env._describe[group.gid]
+        desc = group.desc
         address = tuple(desc["address"]) if sock == "tcp" else desc["unix_path"]
         if sock == "unix":  # only this user may even reach the socket
             assert stat.S_IMODE(os.stat(os.path.dirname(address)).st_mode) == 0o700

@@ -22,11 +22,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from daskvec.protocol import Command, RemoteError, StepReply
 from daskvec.transport import (
     ChannelError,
     ChannelServer,
     DirectChannel,
-    StepReply,
     decode,
     encode,
     machine_id,
@@ -68,23 +68,22 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-def step_reply(obs: np.ndarray, /, **changes: object) -> tuple[str, StepReply]:
-    """A step reply as :meth:`daskvec.worker.EnvGroup._step` builds it: env 1 finished an episode."""
+def step_reply(obs: np.ndarray, /, **changes: object) -> StepReply:
+    """A step reply as :meth:`daskvec.worker.EnvGroup.step` builds it: env 1 finished an episode."""
     n = len(obs)
-    infos: list[dict[str, object]] = [{"TimeLimit.truncated": False} for _ in range(n)]
-    infos[1] = {"TimeLimit.truncated": True, "terminal_observation": obs[1] + 1}
     fields: dict[str, object] = {
         "obs": obs,
         "rewards": np.arange(n, dtype=np.float64) / 2,
-        "dones": np.arange(n) == 1,
-        "infos": infos,
+        "terminated": np.arange(n) == 1,
+        "truncated": np.zeros(n, dtype=bool),
+        "final_obs": {1: obs[1] + 1},
+        "infos": {},
         "reset_infos": {1: {}},
+        "restarted": {},
         "env_seconds": 0.004,
-        "restarts": [0, 3, *[0] * (n - 2)],
-        "plain": True,
     }
     fields.update(changes)
-    return ("ok", StepReply(**fields))  # type: ignore[arg-type]
+    return StepReply(**fields)  # type: ignore[arg-type]
 
 
 def wire(frames: list[bytes | memoryview]) -> list[bytearray]:
@@ -97,35 +96,27 @@ COMPACT = [
     ("step", (np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),)),
     step_reply(np.arange(12, dtype=np.float32).reshape(3, 4)),
     step_reply(np.zeros((4, 32, 32, 3), dtype=np.uint8) + 7),  # large: observations out of band
-    step_reply(
-        np.ones((2, 3)),
-        dones=np.zeros(2, dtype=bool),
-        infos=[{"TimeLimit.truncated": False}] * 2,
-        reset_infos={},
-        restarts=[0, 0],
+    step_reply(np.ones((2, 3)), terminated=np.zeros(2, dtype=bool), final_obs={}, reset_infos={}),
+    step_reply(  # truncated (time limit) and terminated in the same step
+        np.ones((3, 2)),
+        terminated=np.array([True, False, False]),
+        truncated=np.array([False, True, True]),
+        final_obs={0: np.zeros(2), 1: np.full(2, 5.0), 2: np.full(2, 6.0)},
+        reset_infos={0: {}, 1: {}, 2: {}},
     ),
 ]
 PICKLED = [
     ("step", ([1, 0, 1],)),  # actions not in an array
     ("step", (np.array([{}, {}], dtype=object),)),
-    ("reset", ([None, 1], [None, None])),
-    step_reply(np.zeros((3, 2)), plain=False),  # the group saw keys of the env's own
-    step_reply(
-        np.zeros((3, 2)), infos=[{"TimeLimit.truncated": False, "episode": {"r": 1.0}}] * 3, plain=False
-    ),
-    step_reply(np.zeros((3, 2)), reset_infos={1: {"level": 2}}, plain=False),
+    (Command.RESET, ([None, 1], [None, None])),
+    step_reply(np.zeros((3, 2)), infos={0: {"episode": {"r": 1.0}}}),  # keys of the env's own
+    step_reply(np.zeros((3, 2)), reset_infos={1: {"level": 2}}),
     step_reply(np.zeros((3, 2)), reset_infos={5: {}}),  # not a position of this group
-    step_reply(  # a terminal observation of another dtype than the observations
-        np.zeros((3, 2), dtype=np.float32),
-        infos=[
-            {"TimeLimit.truncated": False},
-            {"TimeLimit.truncated": True, "terminal_observation": np.zeros(2)},
-            {"TimeLimit.truncated": False},
-        ],
-    ),
+    # a final observation of another dtype than the observations
+    step_reply(np.zeros((3, 2), dtype=np.float32), final_obs={1: np.zeros(2)}),
     step_reply(np.zeros((3, 2)), obs={"a": np.zeros((3, 2))}),
-    step_reply(np.zeros((3, 2)), restarts=[0, 1.5, 0]),
-    ("err", {"type": "ValueError", "message": "boom"}),
+    step_reply(np.zeros((3, 2)), restarted={1: {"reason": "env_error", "restarts": 1}}),
+    RemoteError(type="ValueError", message="boom", traceback="", env_index=1, worker="w"),
 ]
 
 
@@ -137,7 +128,8 @@ def test_step_messages_travel_as_raw_arrays(message: object) -> None:
     assert same(got, message)
     via_actor = unpack(pack(message))  # immutable bytes: arrays must still be writable
     assert same(via_actor, message)
-    for value in (got[1][0], via_actor[1][0]) if message[0] == "step" else (got[1].obs, via_actor[1].obs):
+    values = (got[1][0], via_actor[1][0]) if isinstance(message, tuple) else (got.obs, via_actor.obs)
+    for value in values:
         assert isinstance(value, np.ndarray) and value.flags.writeable
 
 
@@ -278,28 +270,31 @@ class InfoEnv(gym.Env[np.ndarray, int]):
 
 
 @pytest.mark.parametrize(
-    ("info", "reset_info", "fail", "plain"),
+    ("info", "reset_info", "fail", "compact"),
     [
         ({}, {}, False, True),
         ({"episode": 1}, {}, False, False),  # a key of the env's own
         ({}, {"seeded": 1}, False, False),  # a reset info to pass on
-        ({}, {}, True, False),  # a restarted env: the infos carry daskvec's marker
+        ({}, {}, True, False),  # a restarted env: the reply carries daskvec's marker
     ],
 )
-def test_group_marks_the_replies_that_fit_the_compact_form(
-    info: dict[str, Any], reset_info: dict[str, Any], fail: bool, plain: bool
+def test_group_replies_are_compact_when_the_flags_say_all(
+    info: dict[str, Any], reset_info: dict[str, Any], fail: bool, compact: bool
 ) -> None:
     factories = cloudpickle.dumps([functools.partial(InfoEnv, info, reset_info, fail) for _ in range(3)])
     group = EnvGroup(factories, [0, 1, 2], token=None, on_env_error="restart", worker_address="test")
     try:
-        group.dispatch(("reset", ([0, 1, 2], [{}, {}, {}])))
+        group.dispatch((Command.RESET, ([0, 1, 2], [{}, {}, {}])))
         for step in (1, 2):  # the second step ends every episode
-            reply = group.dispatch(("step", (np.array([0, 1, 0]),)))
-            assert reply[0] == "ok" and isinstance(reply[1], StepReply)
+            reply = group.dispatch((Command.STEP, (np.array([0, 1, 0]),)))
+            assert isinstance(reply, StepReply)
+            if not fail:
+                ended = step == 2
+                assert reply.terminated.tolist() == [ended] * 3
+                assert sorted(reply.final_obs) == ([0, 1, 2] if ended else [])
             # a reply without finished episodes carries no reset infos, so it fits
-            assert reply[1].plain is (plain or (step == 1 and not info and not fail))
             frames = encode(reply)
-            assert memoryview(frames[1])[0] == (0x02 if reply[1].plain else 0x80)
+            assert memoryview(frames[1])[0] == (0x02 if compact or (step == 1 and not info and not fail) else 0x80)
             assert same(decode(wire(frames)), reply)
     finally:
         group.shutdown()

@@ -1,0 +1,85 @@
+"""Every use of Dask internals by daskvec's client side, in one place, with the reason.
+
+Public Dask API is used everywhere else. What is here has no public equivalent that
+does what daskvec needs (a bounded wait, an answer that is not a stale cache); each
+function names the public API it stands in for. If a Dask release breaks one of these,
+this is the file to change.
+
+The dashboard's uses of Dask internals are of another kind (extending the scheduler's
+Bokeh application); they are listed in the docstring of :mod:`daskvec.dashboard`:
+``distributed.dashboard.scheduler.applications`` (where pages are registered, as
+Dask's own docs describe for preloads), the dashboard's Jinja template variables (the
+navigation link), ``distributed.dashboard.components`` (the component base class and
+theme Dask's own pages use) and ``Scheduler._instances`` (the schedulers of this
+process, to find the one whose page is being rendered by the Prometheus collector).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+__all__ = ["is_actor_lost", "log_event", "log_event_nowait", "placement_errors", "scheduler_workers"]
+
+
+def scheduler_workers(client: Any) -> dict[str, Any]:
+    """The scheduler's current view of every worker: ``{address: worker info}``.
+
+    Instead of ``Client.scheduler_info()``, which returns a cache that the client's own
+    periodic refresh rewrites, without per-worker entries, from its event loop thread:
+    read right after a refresh it can come back with no workers at all. This asks the
+    scheduler directly through its ``identity`` handler.
+    """
+    identity = client.sync(client.scheduler.identity, n_workers=-1)
+    return dict(identity.get("workers", {}))
+
+
+def log_event_nowait(client: Any, topic: str, msg: dict[str, Any]) -> None:
+    """Send an event to the scheduler's log without waiting.
+
+    Instead of ``Client.log_event``, which blocks until the scheduler answers and has no
+    timeout: the vec env publishes its figures from the stepping thread every few
+    seconds, and a scheduler slow to answer must not stall a step.
+    """
+    with contextlib.suppress(Exception):
+        client.loop.add_callback(client.scheduler.log_event, topic=topic, msg=msg)
+
+
+def log_event(client: Any, topic: str, msg: dict[str, Any], timeout: float) -> None:
+    """Send an event to the scheduler's log and wait for it, at most ``timeout`` seconds.
+
+    ``Client.log_event`` with a bound on the wait (used on ``close()``, when the
+    scheduler may already be gone).
+    """
+    with contextlib.suppress(Exception):
+        client.sync(client.scheduler.log_event, topic=topic, msg=msg, callback_timeout=timeout)
+
+
+def placement_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that say a task could not run on its worker, not that it failed.
+
+    ``KilledWorker``, ``CommClosedError`` and ``FutureCancelledError`` are not exported at
+    the top of ``distributed``; their modules have moved between releases.
+    """
+    errors: list[type[BaseException]] = []
+    with contextlib.suppress(ImportError):
+        from distributed.client import FutureCancelledError
+
+        errors.append(FutureCancelledError)
+    with contextlib.suppress(ImportError):
+        from distributed.scheduler import KilledWorker
+
+        errors.append(KilledWorker)
+    with contextlib.suppress(ImportError):
+        from distributed.comm.core import CommClosedError
+
+        errors.append(CommClosedError)
+    return tuple(errors)
+
+
+def is_actor_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is Dask's error for a call to an actor whose worker died.
+
+    Dask raises a plain ``RuntimeError`` for it; only its message tells it apart.
+    """
+    return isinstance(exc, RuntimeError) and "Worker holding Actor was lost" in str(exc)

@@ -1,0 +1,10 @@
+"""``python -m daskvec.bench``: the same as ``daskvec bench``."""
+
+from __future__ import annotations
+
+import sys
+
+from daskvec.bench.command import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""``daskvec bench`` on the command line: options, quiet logs, the table, the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+
+from daskvec.bench.driver import run_benchmark
+from daskvec.bench.report import format_table
+from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS
+
+__all__ = ["add_arguments", "main", "run"]
+
+
+def _comma_list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _int_list(value: str) -> list[int]:
+    try:
+        out = [int(v) for v in _comma_list(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated env counts such as 8,64, not {value!r}") from None
+    if not out or any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"env counts must be positive, not {value!r}")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``daskvec bench`` options to ``parser``.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The (sub)parser of the ``bench`` command.
+    """
+    parser.add_argument("--scenario", nargs="+", default=["all"], choices=[*SCENARIOS, "all", "none"],
+                        help="scenarios to run (default: all); 'none' with --dashboard runs only that")
+    parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
+                        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")
+    parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]",
+                        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="time budget of each timed window (default 2)")
+    parser.add_argument("--steps", type=int, default=None, help="fixed vec-steps per timed window instead of --seconds")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up before timing (default 0.5)")
+    parser.add_argument("--repeat", type=int, default=1, help="independent runs per vec env; medians are reported")
+    parser.add_argument("--seed", type=int, default=0, help="seed of envs, actions and PPO (default 0)")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)")
+    parser.add_argument("--transport", default="auto", choices=["auto", "direct", "actor"],
+                        help="DaskVecEnv transport (default auto)")
+    parser.add_argument("--env-process", action="store_true",
+                        help="DaskVecEnv(env_process=True): envs in a process of their own beside each worker")
+    parser.add_argument("--subproc-start-method", default=None, choices=["fork", "forkserver", "spawn"],
+                        help="SubprocVecEnv start method (default: its own, forkserver on Linux)")
+    parser.add_argument("--async-context", default=None, choices=["fork", "forkserver", "spawn"],
+                        help="AsyncVectorEnv multiprocessing context (default: its own)")
+    parser.add_argument("--timesteps", type=int, default=25_000, help="PPO timesteps of the training scenario")
+    parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after training")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="also measure DaskVecEnv with the daskvec dashboard page open vs closed")
+    parser.add_argument("--dashboard-route", default=None, help="route of the page if it cannot be discovered")
+    parser.add_argument("--out", default="bench-results", metavar="DIR",
+                        help="directory for the JSON and PNG results (default bench-results)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
+    parser.add_argument("-v", "--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Raise Dask's and daskvec's loggers to WARNING while the benchmark runs.
+
+    The embedded cluster's scheduler and nannies live in this process; their INFO
+    lines would bury the table.
+    """
+    names = ["distributed", "daskvec"] + [
+        n for n in list(logging.root.manager.loggerDict) if n.startswith(("distributed.", "daskvec."))
+    ]
+    saved = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        log = logging.getLogger(n)
+        if log.getEffectiveLevel() < logging.WARNING:
+            log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``daskvec bench`` with parsed ``args``; print the table; return the exit code.
+
+    Returns
+    -------
+    int
+        0 when every measurement ran, 1 when any vec env failed (the others are still
+        reported), 2 for invalid options.
+    """
+    quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
+    try:
+        with quiet:
+            results = run_benchmark(
+                scenarios=args.scenario,
+                vec_envs=args.vec_envs,
+                n_envs=args.envs,
+                seconds=args.seconds,
+                steps=args.steps,
+                warmup=args.warmup,
+                repeat=args.repeat,
+                seed=args.seed,
+                scheduler=args.scheduler,
+                transport=args.transport,
+                env_process=args.env_process,
+                subproc_start_method=args.subproc_start_method,
+                async_context=args.async_context,
+                training_timesteps=args.timesteps,
+                eval_episodes=args.eval_episodes,
+                dashboard=args.dashboard,
+                dashboard_route=args.dashboard_route,
+                out_dir=args.out,
+                plot=not args.no_plot,
+            )
+    except ValueError as e:
+        print(f"daskvec bench: {e}", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    for kind, path in results["files"].items():
+        print(f"{kind}: {path}")
+    failed = any("error" in r for c in results["cases"] for r in c["results"].values())
+    failed = failed or bool(results.get("dashboard") and "error" in results["dashboard"])
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for ``python -m daskvec.bench``."""
+    doc = sys.modules[__package__].__doc__ if __package__ else None  # the package's, as before the split
+    parser = argparse.ArgumentParser(prog="daskvec bench", description=doc.split("\n\n")[0] if doc else None)
+    add_arguments(parser)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return run(parser.parse_args(argv))

@@ -1,0 +1,221 @@
+"""Stepping and training measurements: one vec env built, reset, stepped, timed and closed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from daskvec.bench.memory import _MemoryProbe
+from daskvec.bench.scenarios import LABELS, Case, Options, _make_vec
+
+logger = logging.getLogger(__name__)
+
+
+class _Stepper:
+    """Reset/step/close one vec env; Gymnasium's AsyncVectorEnv through its own API."""
+
+    def __init__(self, kind: str, env: Any, seed: int) -> None:
+        self.kind = kind
+        self.env = env
+        self.seed = seed
+        self.last_obs: Any = None
+        self.reward_sum = 0.0
+        self.dones = 0
+
+    def reset(self) -> None:
+        if self.kind == "async":
+            self.last_obs, _ = self.env.reset(seed=self.seed)
+        else:
+            self.env.seed(self.seed)
+            self.last_obs = self.env.reset()
+
+    def step(self, actions: np.ndarray) -> None:
+        if self.kind == "async":
+            obs, rew, term, trunc, _ = self.env.step(actions)
+            done = np.logical_or(term, trunc)
+        else:
+            obs, rew, done, _ = self.env.step(actions)
+        self.last_obs = obs
+        self.reward_sum += float(np.sum(rew))
+        self.dones += int(np.sum(done))
+
+    def close(self) -> None:
+        self.env.close()
+
+    def describe(self) -> dict[str, Any]:
+        if self.kind != "dask":
+            return {}
+        env = self.env
+        return {
+            "transport": env.transport_summary(),
+            "workers": len({g["worker"] for g in env.groups}),
+            "groups": len(env.groups),
+            "dashboard_link": env.dashboard_link,
+        }
+
+
+def _obs_checksum(obs: Any) -> float:
+    if isinstance(obs, dict):
+        return float(sum(_obs_checksum(v) for v in obs.values()))
+    if isinstance(obs, tuple):
+        return float(sum(_obs_checksum(v) for v in obs))
+    return float(np.sum(np.asarray(obs), dtype=np.float64))
+
+
+def _run_window(
+    stepper: _Stepper, actions: np.ndarray, start: int, seconds: float, steps: int | None
+) -> tuple[int, float]:
+    """Step for ``steps`` vec-steps, or until ``seconds`` have passed; return (count, elapsed)."""
+    length = len(actions)
+    n = 0
+    t0 = time.perf_counter()
+    if steps is not None:
+        for i in range(steps):
+            stepper.step(actions[(start + i) % length])
+        n = steps
+    else:
+        end = t0 + seconds
+        while True:
+            stepper.step(actions[(start + n) % length])
+            n += 1
+            if time.perf_counter() >= end:
+                break
+    return n, time.perf_counter() - t0
+
+
+def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: Options) -> dict[str, Any]:
+    """Build, reset, first-step, warm up, time and close one vec env."""
+    probe = _MemoryProbe()
+    fns = [case.make for _ in range(case.n_envs)]
+    t0 = time.perf_counter()
+    stepper = _Stepper(kind, _make_vec(kind, fns, opts), opts.seed)
+    closed = False
+    try:
+        t1 = time.perf_counter()
+        stepper.reset()
+        t2 = time.perf_counter()
+        stepper.step(actions[0])
+        t3 = time.perf_counter()
+        warm_steps = max(1, opts.steps // 10) if opts.steps is not None else None
+        n_warm, _ = _run_window(stepper, actions, 1, opts.warmup, warm_steps)
+        stepper.reward_sum, stepper.dones = 0.0, 0
+        n, elapsed = _run_window(stepper, actions, 1 + n_warm, opts.seconds, opts.steps)
+        memory = probe.measure(kind, stepper.env, case.n_envs)
+        info = stepper.describe()
+        t4 = time.perf_counter()
+        stepper.close()
+        closed = True
+        close_s = time.perf_counter() - t4
+    finally:
+        if not closed:
+            with contextlib.suppress(Exception):
+                stepper.close()
+    return {
+        "steps_per_s": n * case.n_envs / elapsed if elapsed > 0 else float("nan"),
+        "vec_steps": n,
+        "elapsed_s": elapsed,
+        "warmup_vec_steps": n_warm,
+        "ttfs_s": t3 - t0,
+        "construct_s": t1 - t0,
+        "reset_s": t2 - t1,
+        "first_step_s": t3 - t2,
+        "close_s": close_s,
+        "reward_sum": stepper.reward_sum,
+        "dones": stepper.dones,
+        "obs_checksum": _obs_checksum(stepper.last_obs),
+        "memory": memory,
+        "leftover_processes": probe.leftovers(),
+        **info,
+    }
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _measure_case(kind: str, case: Case, actions: np.ndarray, opts: Options) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for r in range(opts.repeat):
+        logger.info("bench %s: %s, run %d/%d", case.name, LABELS[kind], r + 1, opts.repeat)
+        runs.append(_measure_once(kind, case, actions, opts))
+    last = runs[-1]
+    timed = ("steps_per_s", "ttfs_s", "construct_s", "reset_s", "first_step_s")
+    out = {k: v for k, v in last.items() if k not in timed}
+    for key in timed:
+        out[key] = _median([run[key] for run in runs])
+    out["steps_per_s_runs"] = [run["steps_per_s"] for run in runs]
+    out["ttfs_runs"] = [run["ttfs_s"] for run in runs]
+    out["leftover_processes"] = max(run["leftover_processes"] for run in runs)
+    return out
+
+
+def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
+    """PPO on CartPole-v1: wall time from construction to the end of ``learn``, then evaluate."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    classes: dict[str, tuple[Any, dict[str, Any]]] = {
+        "dummy": (DummyVecEnv, {}),
+        "subproc": (SubprocVecEnv, {"start_method": opts.subproc_start_method}),
+    }
+    if kind == "dask":
+        from daskvec.vec_env import DaskVecEnv
+
+        classes["dask"] = (DaskVecEnv, opts.dask_kwargs())
+    cls, kwargs = classes[kind]
+    n_steps = int(min(2048, max(8, math.ceil(opts.training_timesteps / n_envs))))
+    batch_size = int(min(64, n_steps * n_envs))
+    probe = _MemoryProbe()
+    t0 = time.perf_counter()
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=opts.seed, vec_env_cls=cls, vec_env_kwargs=kwargs)
+    try:
+        t1 = time.perf_counter()
+        model = PPO("MlpPolicy", env, seed=opts.seed, device="cpu", n_steps=n_steps, batch_size=batch_size, verbose=0)
+        model.learn(total_timesteps=opts.training_timesteps)
+        wall = time.perf_counter() - t0
+        memory = probe.measure(kind, env, n_envs)
+        info = _Stepper(kind, env, opts.seed).describe()
+    finally:
+        env.close()
+    leftovers = probe.leftovers()
+    eval_env = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1"))])
+    eval_env.seed(opts.seed + 10_000)
+    try:
+        evaluated = evaluate_policy(model, eval_env, n_eval_episodes=opts.eval_episodes, deterministic=True)
+    finally:
+        eval_env.close()
+    mean, std = float(evaluated[0]), float(evaluated[1])  # type: ignore[arg-type]
+    return {
+        "wall_s": wall,
+        "construct_s": t1 - t0,
+        "timesteps": int(model.num_timesteps),
+        "steps_per_s": model.num_timesteps / wall if wall > 0 else float("nan"),
+        "mean_reward": float(mean),
+        "std_reward": float(std),
+        "n_steps": n_steps,
+        "batch_size": batch_size,
+        "memory": memory,
+        "leftover_processes": leftovers,
+        **info,
+    }
+
+
+def _measure_training_case(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
+    runs = [_measure_training(kind, n_envs, opts) for _ in range(opts.repeat)]
+    out = dict(runs[-1])
+    out["wall_s"] = _median([r["wall_s"] for r in runs])
+    out["steps_per_s"] = _median([r["steps_per_s"] for r in runs])
+    out["wall_runs"] = [r["wall_s"] for r in runs]
+    out["mean_reward_runs"] = [r["mean_reward"] for r in runs]
+    return out

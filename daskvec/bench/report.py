@@ -1,0 +1,194 @@
+"""The results as files (JSON and a PNG chart) and as a plain-text table, with the ratios."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
+
+__all__ = ["format_table", "plot_results", "write_results"]
+
+
+def _add_ratios(case: dict[str, Any]) -> None:
+    results = case["results"]
+    base = results.get(BASELINE, {})
+    for res in results.values():
+        if "error" in res or "skipped" in res:
+            continue
+        if case["scenario"] == "training":
+            ok = "wall_s" in base
+            res["ratio_wall"] = res["wall_s"] / base["wall_s"] if ok else None
+            res["ratio_steps_per_s"] = base["wall_s"] / res["wall_s"] if ok else None
+            res["ratio_mem_per_env"] = (res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
+                                        if ok and base["memory"]["per_env_mb"] > 0 else None)
+            continue
+        ok = "steps_per_s" in base
+        res["ratio_steps_per_s"] = res["steps_per_s"] / base["steps_per_s"] if ok else None
+        res["ratio_ttfs"] = res["ttfs_s"] / base["ttfs_s"] if ok and base["ttfs_s"] > 0 else None
+        res["ratio_mem_per_env"] = (res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
+                                    if ok and base["memory"]["per_env_mb"] > 0 else None)
+        if case.get("ideal_steps_per_s"):
+            res["fraction_of_ideal"] = res["steps_per_s"] / case["ideal_steps_per_s"]
+
+
+def write_results(
+    results: dict[str, Any], out_dir: str | os.PathLike[str], plot: bool = True, stamp: str | None = None
+) -> dict[str, str]:
+    """Write the results as JSON (and a PNG chart) into ``out_dir``; return the paths.
+
+    Files are named ``bench-<stamp>.json``/``.png`` (``stamp`` defaults to now) and
+    copied to ``latest.json``/``latest.png``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    files: dict[str, str] = {"json": str(out / f"bench-{stamp}.json")}
+    if plot and results["cases"]:
+        files["png"] = str(out / f"bench-{stamp}.png")
+        plot_results(results, files["png"])
+        shutil.copyfile(files["png"], out / "latest.png")
+    results["files"] = files
+    text = json.dumps(results, indent=2, default=_json_default, allow_nan=True)
+    Path(files["json"]).write_text(text)
+    (out / "latest.json").write_text(text)
+    return files
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The results as a plain-text table (one row per case and vec env)."""
+    head = (f"{'case':<12} {'vec env':<15} {'env-steps/s':>12} {'x Subproc':>9} {'first step s':>12} "
+            f"{'x Subproc':>9} {'MB/env':>8} {'x Subproc':>9}  notes")
+    lines = [head, "-" * len(head)]
+    for case in results["cases"]:
+        lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
+    dash = results.get("dashboard")
+    if dash:
+        lines.append(_dashboard_line(dash))
+    lines.extend(_machine_lines(results))
+    return "\n".join(lines)
+
+
+def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
+    """One row of :func:`format_table`: a vec env's figures in a case, or its error."""
+    label = LABELS.get(kind, kind)
+    if "error" in res or "skipped" in res:
+        return f"{case['case']:<12} {label:<15} {res.get('error') or res.get('skipped')}"
+    notes = []
+    if case["scenario"] == "training":
+        first = f"{_fmt(res['wall_s'], '.1f')} wall"
+        notes.append(f"reward {res['mean_reward']:.1f}+-{res['std_reward']:.1f}")
+        ratio_first = res.get("ratio_wall")
+    else:
+        first = _fmt(res["ttfs_s"], ".2f")
+        ratio_first = res.get("ratio_ttfs")
+        if res.get("fraction_of_ideal") is not None:
+            notes.append(f"{res['fraction_of_ideal']:.2f} of ideal {case['ideal_steps_per_s']:.0f}")
+    if res.get("transport"):
+        notes.append(res["transport"])
+    if res.get("leftover_processes"):
+        notes.append(f"{res['leftover_processes']} processes left running")
+    return (
+        f"{case['case']:<12} {label:<15} {_fmt(res['steps_per_s'], ',.0f'):>12} "
+        f"{_fmt(res.get('ratio_steps_per_s'), '.2f'):>9} {first:>12} {_fmt(ratio_first, '.2f'):>9} "
+        f"{_fmt(res['memory']['per_env_mb'], '.1f'):>8} {_fmt(res.get('ratio_mem_per_env'), '.2f'):>9}  "
+        + "; ".join(notes)
+    )
+
+
+def _dashboard_line(dash: dict[str, Any]) -> str:
+    """The dashboard open-vs-closed line of :func:`format_table`."""
+    if dash.get("available"):
+        return (
+            f"dashboard ({dash['method']}, {dash['route']}): "
+            f"DaskVecEnv {dash['closed_steps_per_s']:,.0f} env-steps/s "
+            f"page closed, {dash['open_steps_per_s']:,.0f} open ({dash['ratio_open_to_closed']:.2f}x)"
+            + ("" if dash.get("page_connected") else " [page never connected]")
+        )
+    return f"dashboard: not measured ({dash.get('reason') or dash.get('error')})"
+
+
+def _machine_lines(results: dict[str, Any]) -> list[str]:
+    """The machine, the load before and after the run, and how to read the table."""
+    lines = []
+    m = results["machine"]
+    lines.append(
+        f"machine: {m['cpu']}, {m['cores_usable']} usable cores, {m['memory_gb']} GB, Python {m['python']}, "
+        f"load average at start {_fmt((m.get('load_average') or [None])[0], '.2f')}"
+    )
+    start = (m.get("load_average") or [0.0])[0]
+    end = (results.get("load_average_end") or [0.0])[0]
+    # Only the load before the run says something about other processes: by the end, the
+    # 1-min figure is mostly the benchmark's own (64 SubprocVecEnv children, Dask workers).
+    if start > 0.5 * (m.get("cores_usable") or 1):
+        lines.append(
+            f"WARNING: the machine was busy before the run (1-min load average {start:.1f}, "
+            f"{m.get('cores_usable')} cores): other processes competed for the CPU, figures and ratios are unreliable"
+        )
+    lines.append(f"load average at the end {end:.1f} (counts the benchmark's own processes, still exiting)")
+    lines.append("training rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time of the run;"
+                 " 'x Subproc' above 1 is faster for env-steps/s, below 1 is faster for times.")
+    return lines
+
+
+def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Draw the ratios to SubprocVecEnv per case as grouped bars into a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    cases = results["cases"]
+    kinds = [k for k in VEC_ENVS if any(k in c["results"] for c in cases)]
+    colors = {"dummy": "#8c8c8c", "subproc": "#4c72b0", "async": "#dd8452", "dask": "#55a868"}
+    panels = (
+        ("ratio_steps_per_s", "Speed vs SubprocVecEnv (higher is better)\nenv-steps/s; training: 1 / wall time"),
+        ("ratio_ttfs", "Time to first step vs SubprocVecEnv (lower is better)\nconstruction + reset + first step"),
+        ("ratio_mem_per_env", "Memory per env vs SubprocVecEnv (lower is better)\nclient growth + env processes, USS"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 5.4))
+    width = 0.8 / max(1, len(kinds))
+    x = np.arange(len(cases))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for j, kind in enumerate(kinds):
+            vals = [c["results"].get(kind, {}).get(key) for c in cases]
+            heights = [v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else np.nan for v in vals]
+            pos = x - 0.4 + width * (j + 0.5)
+            ax.bar(pos, heights, width, label=LABELS[kind], color=colors[kind])
+            for p, h in zip(pos, heights, strict=True):
+                if np.isfinite(h):
+                    ax.annotate(f"{h:.2g}", (p, h), ha="center", va="bottom", fontsize=7,
+                                xytext=(0, 2), textcoords="offset points")
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_yscale("log")
+        ax.set_xticks(x, [c["case"] for c in cases], rotation=20)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", which="both", alpha=0.3)
+    axes[0].legend(fontsize=8, loc="best")
+    m = results["machine"]
+    fig.suptitle(f"daskvec bench: {m['cpu']}, {m['cores_usable']} cores, {m['memory_gb']} GB, "
+                 f"Python {m['python']} ({results['created']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,160 @@
+"""The worker directory: which workers may take envs, and where envs go.
+
+:class:`WorkerDirectory` is the client's one view of the cluster's workers: which are
+eligible (``workers=``/``resources=`` options), which are quarantined (frozen once, so
+placing envs on them costs a full timeout), when each is expected to leave (its
+``--lifetime`` or batch-job walltime, learned when a group is created on it), and where
+a set of new groups should go given the envs each worker already holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from daskvec import cluster as _cluster
+from daskvec.errors import WorkerLostError
+from daskvec.options import Options
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["QUARANTINE_S", "Layout", "WorkerDirectory"]
+
+#: Seconds a worker that failed to create an env group in time, or left a step
+#: unanswered, gets no new envs while other workers can take them: placing on a frozen
+#: worker costs a full ``timeout`` every time.
+QUARANTINE_S = 600.0
+
+#: Where groups go: (env indices, worker) per group.
+Layout = list[tuple[list[int], str]]
+
+
+class WorkerDirectory:
+    """Eligibility, quarantine, deadlines and placement of the cluster's workers.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client of the cluster.
+    options : Options
+        Reads ``workers``, ``resources``, ``worker_wait_timeout`` and ``migrate_before``.
+    """
+
+    def __init__(self, client: Any, options: Options) -> None:
+        self.client = client
+        self.options = options
+        self._deadlines: dict[str, float | None] = {}
+        self._quarantine: dict[str, float] = {}  # worker -> time.monotonic() it may take envs again
+
+    # ------------------------------------------------------------------ what is known
+    def eligible(self) -> list[str]:
+        """Live workers that match the placement options, sorted by address."""
+        info = {"workers": _cluster.scheduler_workers(self.client)}
+        return _cluster.eligible_workers(info, self.options.workers, self.options.resources)
+
+    def alive(self, worker: str) -> bool:
+        """Whether the scheduler still knows ``worker``."""
+        return worker in _cluster.scheduler_workers(self.client)
+
+    def learn_deadline(self, worker: str, deadline: float | None) -> None:
+        """Record when ``worker`` is expected to leave (epoch seconds, or ``None``)."""
+        self._deadlines[worker] = deadline
+
+    def deadline(self, worker: str) -> float | None:
+        """When ``worker`` is expected to leave (epoch seconds), if known."""
+        return self._deadlines.get(worker)
+
+    def leaving(self, worker: str, now: float | None = None) -> bool:
+        """Whether ``worker`` is expected to leave within ``migrate_before`` seconds."""
+        deadline = self._deadlines.get(worker)
+        now = time.time() if now is None else now
+        return deadline is not None and deadline - now < self.options.migrate_before
+
+    def quarantine(self, worker: str, why: str) -> None:
+        """Place no envs on ``worker`` for :data:`QUARANTINE_S` while other workers can take them."""
+        if worker not in self.quarantined():
+            logger.warning(
+                "worker %s %s; placing no envs on it for the next %.0f s unless no other worker is left",
+                worker,
+                why,
+                QUARANTINE_S,
+            )
+        self._quarantine[worker] = time.monotonic() + QUARANTINE_S
+
+    def quarantined(self) -> set[str]:
+        """Workers currently in quarantine."""
+        now = time.monotonic()
+        for worker, until in list(self._quarantine.items()):
+            if until <= now:
+                del self._quarantine[worker]
+        return set(self._quarantine)
+
+    def receivers(self) -> list[str]:
+        """Eligible workers that may take envs moved on purpose: neither leaving soon nor quarantined."""
+        now = time.time()
+        quarantined = self.quarantined()
+        return [w for w in self.eligible() if not self.leaving(w, now) and w not in quarantined]
+
+    # ------------------------------------------------------------------ placement
+    def wait_for_workers(self, exclude: Sequence[str] = ()) -> list[str]:
+        """Eligible workers not in ``exclude``, waiting up to ``worker_wait_timeout`` for one.
+
+        Quarantined workers come back only when no other worker is found.
+
+        Raises
+        ------
+        WorkerLostError
+            When no such worker appeared in time.
+        """
+        deadline = time.monotonic() + self.options.worker_wait_timeout
+        while True:
+            found = [w for w in self.eligible() if w not in exclude]
+            if found:
+                quarantined = self.quarantined()
+                return [w for w in found if w not in quarantined] or found
+            if time.monotonic() > deadline:
+                opts = self.options
+                what = (
+                    "workers"
+                    if not (opts.workers or opts.resources)
+                    else f"workers matching workers={list(opts.workers or [])} resources={opts.resources}"
+                )
+                raise WorkerLostError(
+                    f"no eligible {what} appeared within worker_wait_timeout={opts.worker_wait_timeout:.0f}s; "
+                    "start workers or relax the placement options",
+                    env_indices=[],
+                    worker="",
+                )
+            time.sleep(0.2)
+
+    def place(
+        self,
+        env_groups: list[list[int]],
+        load: dict[str, int],
+        avoid: AbstractSet[str] = frozenset(),
+        fallback: AbstractSet[str] = frozenset(),
+    ) -> Layout:
+        """Choose live workers for ``env_groups``, avoiding ``avoid`` (workers that failed).
+
+        Workers about to leave are avoided too when others exist. If only workers in
+        ``fallback`` (e.g. a worker that merely hung) are left, they are used. Among
+        the candidates, each group goes to the one holding the fewest envs (``load``).
+        """
+        try:
+            candidates = self.wait_for_workers(exclude=sorted(avoid))
+        except WorkerLostError:
+            if not fallback:
+                raise
+            candidates = self.wait_for_workers(exclude=sorted(avoid - fallback))
+        now = time.time()
+        candidates = [w for w in candidates if not self.leaving(w, now)] or candidates
+        return self.assign(env_groups, candidates, load)
+
+    @staticmethod
+    def assign(env_groups: list[list[int]], workers: list[str], load: dict[str, int]) -> Layout:
+        """Each group on the least-loaded of ``workers`` (see :func:`daskvec.cluster.assign_workers`)."""
+        held = {w: k for w, k in load.items() if w in workers}
+        return list(zip(env_groups, _cluster.assign_workers(env_groups, workers, held), strict=True))

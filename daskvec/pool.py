@@ -1,0 +1,415 @@
+"""The group pool: the env-group actors of one vec env, and the requests sent to them.
+
+:class:`GroupPool` creates groups on the workers a layout names (trying other workers
+when one vanishes), connects each with a channel (:mod:`daskvec.transport`), sends one
+request per group and collects the replies. A step is collected as one
+:class:`StepOutcome`: the replies taken in, the env errors, and the groups lost or
+timed out. Collecting can be interrupted (Ctrl-C) and resumed: replies already read are
+not waited for again. The pool knows nothing of Stable-Baselines3; what a reply means
+for the learner is :mod:`daskvec.buffers`' business, and what to do about a lost group
+is :mod:`daskvec.recovery`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from daskvec import _dask
+from daskvec import cluster as _cluster
+from daskvec.directory import Layout, WorkerDirectory
+from daskvec.errors import DaskVecEnvError, WorkerLostError
+from daskvec.options import Options
+from daskvec.protocol import Command, RemoteError, StepReply
+from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, iter_replies, machine_id, recv_many
+from daskvec.worker import EnvGroup, EnvHost, kill_env_process
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Group", "GroupPool", "StepOutcome"]
+
+
+@dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
+class Group:
+    """Client-side handle of one env-group actor.
+
+    Attributes
+    ----------
+    gid : str
+        The actor's Dask key.
+    env_indices : list of int
+        The vec-env indices of its envs, in order.
+    worker : str
+        Address of the worker holding it.
+    desc : dict
+        What the group said about itself when created (spaces, deadline, pids, ...).
+    index : slice or numpy.ndarray
+        Its rows in the vec env's buffers.
+    """
+
+    gid: str
+    env_indices: list[int]
+    worker: str
+    future: Any
+    actor: Any
+    channel: Channel
+    desc: dict[str, Any]
+    index: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        idx = self.env_indices
+        if idx == list(range(idx[0], idx[0] + len(idx))):
+            self.index = slice(idx[0], idx[0] + len(idx))
+        else:
+            self.index = np.asarray(idx, dtype=np.intp)
+
+    @property
+    def deadline(self) -> float | None:
+        """When the group's worker is expected to leave (epoch seconds), if known."""
+        return self.desc.get("deadline")
+
+    @property
+    def env_pid(self) -> int | None:
+        """Id of the process stepping the envs (the env process, or the worker's own)."""
+        return self.desc.get("env_pid", self.desc.get("pid"))
+
+    @property
+    def transport(self) -> str:
+        """``"direct/unix"``, ``"direct/tcp"`` or ``"actor"``."""
+        family = getattr(self.channel, "family", None)
+        return self.channel.kind if family is None else f"{self.channel.kind}/{family}"
+
+
+@dataclass
+class StepOutcome:
+    """What a step's collection found, besides the replies already taken in.
+
+    Attributes
+    ----------
+    errors : list of (Group, RemoteError)
+        Groups whose envs raised (with ``on_env_error="raise"``).
+    lost : dict of Group to exception
+        Groups that did not answer: ``ChannelError`` (worker gone) or ``TimeoutError``.
+    env_seconds : float
+        The longest time a group spent in its envs.
+    """
+
+    errors: list[tuple[Group, RemoteError]] = field(default_factory=list)
+    lost: dict[Group, BaseException] = field(default_factory=dict)
+    env_seconds: float = 0.0
+
+
+class GroupPool:
+    """The env groups of one vec env: create, connect, call, step and tear down.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client of the cluster.
+    env_fns : list of callable
+        Every env's factory (pickled for the workers that build them).
+    options : Options
+        The vec env's options.
+    directory : WorkerDirectory
+        Where to find workers when a group must be placed again.
+    """
+
+    def __init__(self, client: Any, env_fns: list[Callable[[], Any]], options: Options, directory: WorkerDirectory):
+        self.client = client
+        self.env_fns = env_fns
+        self.options = options
+        self.directory = directory
+        self.transport = options.transport
+        self.groups: list[Group] = []
+        self._profiler_warned: set[str] = set()
+        # the step in flight: replies (or exceptions) read so far, by group id
+        self._arrived: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ views
+    def load(self) -> dict[str, int]:
+        """Envs held per worker."""
+        load: dict[str, int] = {}
+        for g in self.groups:
+            load[g.worker] = load.get(g.worker, 0) + len(g.env_indices)
+        return load
+
+    def by_env(self) -> dict[int, tuple[Group, int]]:
+        """For each env index: its group and its position in it."""
+        return {i: (g, pos) for g in self.groups for pos, i in enumerate(g.env_indices)}
+
+    def summary(self) -> str:
+        """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
+        kinds: dict[str, int] = {}
+        for g in self.groups:
+            kinds[g.transport] = kinds.get(g.transport, 0) + 1
+        return ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
+
+    # ------------------------------------------------------------------ create
+    def spawn(
+        self, layout: Layout, error_restarts: Sequence[int] | np.ndarray, exclude: Sequence[str] = ()
+    ) -> list[Group]:
+        """Create one group per ``(env_indices, worker)`` and add them to the pool.
+
+        A group whose worker vanishes or does not answer is tried on another worker;
+        an exception raised by a factory is raised here. ``error_restarts`` gives each
+        env's restarts after errors so far (they count against ``max_restarts``).
+        """
+        deadline = time.monotonic() + max(self.options.timeout, self.options.worker_wait_timeout)
+        pending = list(layout)
+        created: list[Group] = []
+        bad: set[str] = set(exclude)
+        try:
+            while pending:
+                attempt = [self._submit(indices, worker, error_restarts) for indices, worker in pending]
+                retry: list[list[int]] = []
+                for indices, worker, token, key, fut in attempt:
+                    try:
+                        created.append(self._connect(indices, worker, token, key, fut, deadline))
+                    except Exception as e:
+                        if not _is_placement_failure(e):
+                            for *_, other in attempt:  # a factory raised: drop every group of this attempt
+                                with contextlib.suppress(Exception):
+                                    other.cancel()
+                            raise
+                        logger.warning(
+                            "could not create env group %s on %s (%s); trying another worker", indices, worker, e
+                        )
+                        with contextlib.suppress(Exception):
+                            fut.cancel()
+                        bad.add(worker)
+                        if isinstance(e, TimeoutError):  # alive but not answering: do not try it again soon
+                            self.directory.quarantine(
+                                worker, f"did not create an env group within {self.options.timeout:.0f}s"
+                            )
+                        retry.append(indices)
+                if retry and time.monotonic() > deadline:
+                    lost = [i for r in retry for i in r]
+                    raise WorkerLostError(f"could not place envs {lost} on any worker", env_indices=lost, worker="")
+                if retry:
+                    pending = self.directory.assign(
+                        retry, self.directory.wait_for_workers(exclude=sorted(bad)), self.load()
+                    )
+                else:
+                    pending = []
+        except BaseException:
+            self.teardown(created, graceful=False)
+            raise
+        return created
+
+    def _submit(self, indices: list[int], worker: str, error_restarts: Sequence[int] | np.ndarray) -> tuple[Any, ...]:
+        token = secrets.token_bytes(32) if self.transport != "actor" else None
+        key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
+        options: dict[str, Any] = {"busy_poll": self.options.busy_poll}
+        if self.options.env_process:
+            options["build_timeout"] = self.options.timeout
+        fut = self.client.submit(
+            EnvHost if self.options.env_process else EnvGroup,
+            _cluster.dumps_factories(self.env_fns, indices),
+            indices,
+            token,
+            self.options.on_env_error,
+            self.options.max_restarts,
+            [int(error_restarts[i]) for i in indices],
+            **options,
+            actor=True,
+            workers=[worker],
+            allow_other_workers=False,
+            key=key,
+            pure=False,
+        )
+        return indices, worker, token, key, fut
+
+    def _connect(
+        self, indices: list[int], worker: str, token: bytes | None, key: str, fut: Any, deadline: float
+    ) -> Group:
+        timeout = min(self.options.timeout, max(deadline - time.monotonic(), 1.0))
+        # as_current: the Actor proxy binds to the client current when it is
+        # unpickled; without it a client made with set_as_default=False is not found
+        with self.client.as_current():
+            actor = self._await_actor(fut, worker, timeout)
+        desc = actor.describe().result(timeout=timeout)
+        group = Group(key, list(indices), desc["worker"], fut, actor, self._channel(actor, desc, token), desc)
+        self.directory.learn_deadline(group.worker, group.deadline)
+        self._warn_profiler(desc)
+        self.groups.append(group)
+        return group
+
+    def _await_actor(self, fut: Any, worker: str, timeout: float) -> Any:
+        """Wait for an actor to be created on ``worker``, giving up early if the worker leaves.
+
+        A task pinned to a worker that dies stays pending forever; checking once a
+        second that the worker is still known to the scheduler turns that into an
+        ``OSError`` (a placement failure, so the group is tried elsewhere).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return fut.result(timeout=max(min(1.0, deadline - time.monotonic()), 0.01))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            if not self.directory.alive(worker):
+                raise OSError(f"worker {worker} left before the env group was created on it")
+
+    def _channel(self, actor: Any, desc: dict[str, Any], token: bytes | None) -> Channel:
+        if self.transport == "actor" or token is None or desc.get("address") is None:
+            return ActorChannel(actor)
+        timeout = min(self.options.timeout, 5.0)
+        if desc.get("unix_path") and desc.get("machine") == machine_id():
+            try:
+                return DirectChannel(desc["unix_path"], token, connect_timeout=timeout)
+            except ChannelError as e:  # e.g. a container that shares the host name, not the files
+                logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc["worker"], e)
+        try:
+            return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout)
+        except ChannelError as e:
+            if self.transport == "direct":
+                raise DaskVecEnvError(
+                    f"cannot open a direct channel to the env group on {desc['worker']} ({e}); "
+                    "use transport='auto' to fall back to Dask actor calls"
+                ) from e
+            logger.warning("direct channel to %s unavailable (%s); using Dask actor calls", desc["worker"], e)
+            return ActorChannel(actor)
+
+    def _warn_profiler(self, desc: dict[str, Any]) -> None:
+        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``)."""
+        worker = desc["worker"]
+        if not desc.get("profiler_hazard") or worker in self._profiler_warned:
+            return
+        self._profiler_warned.add(worker)
+        logger.warning(
+            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can "
+            "deadlock a worker while env groups start their threads (python/cpython#106883); "
+            "start the workers with the config distributed.worker.profile.enabled: false "
+            "(env var DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False) or use Python 3.12+",
+            worker,
+        )
+
+    # ------------------------------------------------------------------ release
+    def teardown(self, groups: Sequence[Group], graceful: bool) -> None:
+        """Release ``groups`` and remove them from the pool.
+
+        ``graceful``: ask their actors to shut down. Otherwise (lost, hung) they are
+        not asked anything, since a hung group's actor may be stuck in the call that
+        hung; their env processes, if their workers still run, are killed by the
+        worker itself (a plain ``Client.run``, which does not queue behind actor calls).
+        """
+        doomed = [(g.worker, g.desc["env_pid"]) for g in groups if "env_pid" in g.desc] if not graceful else []
+        if doomed:
+            with contextlib.suppress(Exception):
+                alive = _cluster.scheduler_workers(self.client)
+                for worker, env_pid in doomed:
+                    if worker in alive:
+                        self.client.run(kill_env_process, env_pid, workers=[worker], callback_timeout=10)
+        if graceful:
+            futs = []
+            for g in groups:
+                g.channel.close()
+                with contextlib.suppress(Exception):
+                    futs.append(g.actor.shutdown())
+            for f in futs:
+                with contextlib.suppress(Exception):
+                    f.result(timeout=min(self.options.timeout, 10.0))
+        for g in groups:
+            g.channel.close()
+            with contextlib.suppress(Exception):
+                g.future.cancel()
+        self.groups = [g for g in self.groups if g not in groups]
+
+    def close(self) -> None:
+        """Release every group: those with a step in flight that does not end in time are dropped."""
+        stuck: list[Group] = []
+        if self._arrived is not None:
+            live = [g for g in self.groups if g.gid not in self._arrived]
+            replies = recv_many([g.channel for g in live], min(self.options.step_timeout, 30.0))
+            # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
+            stuck = [g for g, r in zip(live, replies, strict=True) if isinstance(r, BaseException)]
+            stuck += [g for g in self.groups if isinstance(self._arrived.get(g.gid), BaseException)]
+            self._arrived = None
+        self.teardown(stuck, graceful=False)
+        self.teardown(list(self.groups), graceful=True)
+
+    # ------------------------------------------------------------------ calls
+    def call(self, requests: dict[Group, tuple[Command, tuple[Any, ...]]], timeout: float) -> dict[Group, Any]:
+        """Send one request per group and wait once for all replies (values or exceptions)."""
+        sent: list[Group] = []
+        out: dict[Group, Any] = {}
+        for g, request in requests.items():
+            try:
+                g.channel.send(request)
+                sent.append(g)
+            except ChannelError as e:
+                out[g] = e
+        for g, rep in zip(sent, recv_many([g.channel for g in sent], timeout), strict=True):
+            out[g] = rep
+        return out
+
+    # ------------------------------------------------------------------ steps
+    @property
+    def stepping(self) -> bool:
+        """Whether a step was sent and not yet collected."""
+        return self._arrived is not None
+
+    def send_step(self, actions: Any) -> None:
+        """Send each group its actions (rows of ``actions``); do not wait."""
+        arr = actions if isinstance(actions, np.ndarray) else None
+        self._arrived = {}
+        for g in self.groups:
+            group_actions = arr[g.index] if arr is not None else [actions[i] for i in g.env_indices]
+            try:
+                g.channel.send((Command.STEP, (group_actions,)))
+            except ChannelError as e:
+                self._arrived[g.gid] = e
+
+    def collect_step(self, timeout: float, take: Callable[[Group, StepReply], None]) -> StepOutcome:
+        """Wait for the step's replies; call ``take(group, reply)`` on each as soon as it is read.
+
+        While later groups may still be stepping, the earlier replies are taken in. If
+        ``take`` raises (say, observations that do not fit), the other replies are read
+        all the same, so that the channels stay in step, and the error is raised. If
+        the wait itself is interrupted (Ctrl-C), the step stays pending: the next call
+        reads only the replies still missing.
+        """
+        if self._arrived is None:
+            raise RuntimeError("daskvec internal error: collect_step() without send_step()")
+        arrived = self._arrived
+        waiting = [g for g in self.groups if g.gid not in arrived]
+        replies = iter_replies([g.channel for g in waiting], timeout)
+        try:
+            for g in waiting:
+                arrived[g.gid] = reply = next(replies)
+                if isinstance(reply, StepReply):
+                    take(g, reply)
+        except BaseException:
+            if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain
+                for _ in replies:
+                    continue
+                self._arrived = None
+            raise
+        self._arrived = None
+        outcome = StepOutcome()
+        for g in self.groups:
+            reply = arrived[g.gid]
+            if isinstance(reply, StepReply):
+                outcome.env_seconds = max(outcome.env_seconds, reply.env_seconds)
+            elif isinstance(reply, RemoteError):
+                outcome.errors.append((g, reply))
+            elif isinstance(reply, BaseException):
+                outcome.lost[g] = reply
+            else:
+                raise RuntimeError(f"daskvec internal error: unexpected step reply {type(reply).__name__}")
+        return outcome
+
+
+def _is_placement_failure(exc: BaseException) -> bool:
+    """Whether creating a group failed because of its worker (retry elsewhere), not the env."""
+    return isinstance(exc, (TimeoutError, OSError, *_dask.placement_errors())) or _dask.is_actor_lost(exc)

@@ -1,0 +1,212 @@
+"""Protocol: the commands and replies that client and worker exchange.
+
+A request is ``(Command, args)``; a reply is the command's value (a :class:`StepReply`,
+a :class:`ResetReply`, a list of per-env results, ...) or a :class:`RemoteError`.
+The transport (:mod:`daskvec.transport`) moves them; the worker side
+(:mod:`daskvec.worker`) answers them; the client side (:mod:`daskvec.pool`) sends
+them and :mod:`daskvec.buffers` turns the replies into what Stable-Baselines3 reads.
+
+Replies carry columns, not Stable-Baselines3's info dicts: which envs terminated,
+which were truncated, the last observation of every finished episode, and the env's
+own info keys where it had any. The client's step buffers are the one place where
+SB3's ``info`` dicts (``"TimeLimit.truncated"``, ``"terminal_observation"``, the
+``"daskvec"`` marker) are built.
+
+This module is imported by every worker process: it stays free of
+Stable-Baselines3, torch and Dask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import numpy as np
+
+__all__ = [
+    "INFO_KEY",
+    "Command",
+    "RemoteError",
+    "ResetReply",
+    "StepReply",
+    "restart_seed",
+    "unwrap",
+]
+
+#: Marker key that daskvec adds to an env's ``info`` when it was restarted or moved.
+INFO_KEY = "daskvec"
+
+
+class Command(enum.StrEnum):
+    """What a request asks an env group to do; the first item of every request.
+
+    ``(Command.STEP, (actions,))`` and ``(Command.RESET, (seeds, options))`` concern
+    every env of the group; the per-env commands take the positions of the envs
+    within the group as their last argument.
+    """
+
+    STEP = "step"  # (actions,) -> StepReply
+    RESET = "reset"  # (seeds, options) -> ResetReply
+    GET_ATTR = "get_attr"  # (name, positions) -> list
+    SET_ATTR = "set_attr"  # (name, value, positions) -> None
+    ENV_METHOD = "env_method"  # (name, args, kwargs, positions) -> list
+    IS_WRAPPED = "is_wrapped"  # (wrapper_class, positions) -> list of bool
+    RENDER = "render"  # (positions,) -> list
+    STATS = "stats"  # () -> the group's step figures (GroupStats.snapshot)
+    REFUSED = "refused"  # () -> connections the direct channel refused
+
+
+def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) -> int:
+    """Seed used to reset env ``env_index`` after its ``restarts``-th rebuild.
+
+    It is ``SeedSequence([base_seed or 0, env_index, restarts])`` reduced to 31 bits:
+    the same env restarted the same number of times always gets the same seed, and
+    different envs or restart counts get independent streams. Client (rebuilds after
+    a lost worker) and worker (rebuilds after an env error) both use it.
+
+    Parameters
+    ----------
+    env_index : int
+        Index of the env in the vec env.
+    restarts : int
+        How many times this env has been rebuilt, including this rebuild.
+    base_seed : int, optional
+        The seed the user last gave this env, if any.
+
+    Returns
+    -------
+    int
+    """
+    entropy = [0 if base_seed is None else int(base_seed) & 0xFFFFFFFF, int(env_index), int(restarts)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass(slots=True, eq=False)
+class StepReply:
+    """What one env group returns for a step, as columns over its envs.
+
+    The worker (:meth:`daskvec.worker.EnvGroup.step`) builds it, the transport may
+    send it in a compact form (:func:`daskvec.transport.encode`), and the client's
+    step buffers (:class:`daskvec.buffers.StepBuffers`) build SB3's info dicts from it.
+
+    Attributes
+    ----------
+    obs : array, dict or tuple of arrays
+        The group's observations stacked along a first axis (after any automatic reset).
+    rewards : numpy.ndarray
+        ``float64``, one per env.
+    terminated, truncated : numpy.ndarray
+        ``bool``, one per env, as the envs returned them. An env rebuilt after an
+        error counts as truncated.
+    final_obs : dict of int to observation
+        By position in the group: the last observation of each episode that ended in
+        this step (before the automatic reset).
+    infos : dict of int to dict
+        By position: the info dict an env returned, where it was not empty.
+    reset_infos : dict of int to dict
+        By position: the reset info of every env reset after its episode ended.
+    restarted : dict of int to dict
+        By position: the marker of every env rebuilt after an error in this step
+        (``on_env_error="restart"``); see :class:`daskvec.recovery.RestartLedger`.
+    env_seconds : float
+        Wall time the group spent in its envs' ``step`` and ``reset`` calls.
+    """
+
+    obs: Any
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict[int, Any] = field(default_factory=dict)
+    infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    reset_infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    restarted: dict[int, dict[str, Any]] = field(default_factory=dict)
+    env_seconds: float = 0.0
+
+    @property
+    def dones(self) -> np.ndarray:
+        """``terminated | truncated``."""
+        return self.terminated | self.truncated
+
+
+@dataclass(slots=True, eq=False)
+class ResetReply:
+    """What one env group returns for a reset.
+
+    Attributes
+    ----------
+    obs : array, dict or tuple of arrays
+        The group's first observations, stacked.
+    reset_infos : list of dict
+        One per env.
+    restarted : dict of int to dict
+        By position: markers of envs rebuilt because their ``reset`` raised.
+    """
+
+    obs: Any
+    reset_infos: list[dict[str, Any]]
+    restarted: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteError:
+    """An exception raised on a worker, as it travels to the client.
+
+    Attributes
+    ----------
+    type : str
+        Qualified name of the exception's class.
+    message : str
+        ``str(exc)``.
+    traceback : str
+        The remote traceback.
+    env_index : int or None
+        The env that raised, when one did.
+    worker : str
+        Address of the worker.
+    exc : bytes or None
+        The exception itself, cloudpickled, when it survives pickling.
+    """
+
+    type: str
+    message: str
+    traceback: str
+    env_index: int | None
+    worker: str
+    exc: bytes | None = None
+
+    def exception(self) -> BaseException:
+        """The exception to raise on the client: the original type when it unpickles.
+
+        It carries ``env_index``, ``worker`` and, as a note, the remote traceback.
+        """
+        from daskvec.errors import RemoteEnvError
+
+        exc: BaseException | None = None
+        if self.exc is not None:
+            import cloudpickle
+
+            try:
+                exc = cloudpickle.loads(self.exc)
+            except Exception:
+                exc = None
+        if not isinstance(exc, BaseException):
+            exc = RemoteEnvError(f"{self.type}: {self.message}", remote_type=self.type)
+        where = f"env {self.env_index}" if self.env_index is not None else "an env group"
+        exc.add_note(f"daskvec: raised by {where} on worker {self.worker}\n--- remote traceback ---\n{self.traceback}")
+        with contextlib.suppress(Exception):
+            exc.env_index = self.env_index  # type: ignore[attr-defined]
+            exc.worker = self.worker  # type: ignore[attr-defined]
+        return exc
+
+    def raise_(self) -> NoReturn:
+        """Raise :meth:`exception`."""
+        raise self.exception()
+
+
+def unwrap(reply: Any) -> Any:
+    """The value of a reply, or raise the error it carries."""
+    if isinstance(reply, RemoteError):
+        reply.raise_()
+    return reply

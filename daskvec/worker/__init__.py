@@ -1,0 +1,34 @@
+"""Worker side: the env-group actors that hold a slice of environments.
+
+- :mod:`daskvec.worker.group` -- :class:`EnvGroup`, the actor that builds and steps
+  its envs and answers requests on either transport;
+- :mod:`daskvec.worker.host` -- :class:`EnvHost`, the actor when the envs live in a
+  process of their own (``env_process=True``), and that process's entry point;
+- :mod:`daskvec.worker.reaper` -- releases groups that Dask dropped without a shutdown;
+- :mod:`daskvec.worker.probes` -- what a group learns about its worker (address,
+  deadline, profiler).
+
+This package is imported by every worker process: it does not import
+Stable-Baselines3 or torch.
+"""
+
+from __future__ import annotations
+
+from daskvec.protocol import INFO_KEY, restart_seed
+from daskvec.worker.group import WORKER_DIRECTORY, EnvGroup, obs_shape, stack_obs
+from daskvec.worker.host import EnvHost, host_main, kill_env_process
+from daskvec.worker.probes import profiler_hazard, worker_deadline
+
+__all__ = [
+    "INFO_KEY",
+    "WORKER_DIRECTORY",
+    "EnvGroup",
+    "EnvHost",
+    "host_main",
+    "kill_env_process",
+    "obs_shape",
+    "profiler_hazard",
+    "restart_seed",
+    "stack_obs",
+    "worker_deadline",
+]

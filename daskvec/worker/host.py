@@ -1,0 +1,333 @@
+"""The env process: an env group in a process of its own beside the worker.
+
+With ``DaskVecEnv(env_process=True)`` the actor is an :class:`EnvHost`: it starts a
+child process of the worker (:func:`host_main`) that holds the :class:`EnvGroup` and
+serves its direct channel, and forwards actor calls to it. Stepping then never
+competes with the worker's event loop for the GIL, a step that hangs can be ended by
+killing the process, and an env that crashes the interpreter takes only its group down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+import cloudpickle
+
+from daskvec import metrics
+from daskvec.protocol import Command, RemoteError
+from daskvec.transport import ChannelError, DirectChannel, pack, unpack
+from daskvec.worker import probes
+from daskvec.worker.group import EnvGroup
+from daskvec.worker.reaper import queue_release, start_reaper
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EnvHost", "host_main", "kill_env_process"]
+
+#: Seconds the env process gets to close its envs when asked to stop, before it is killed.
+_STOP_GRACE_S = 5.0
+#: Seconds between two reads of the env process's step figures, for the worker's metrics.
+_STATS_INTERVAL_S = 1.0
+
+
+class EnvHost:
+    """The env-group actor when the envs run in a process of their own (``env_process=True``).
+
+    It takes the same arguments as :class:`EnvGroup` and answers the same calls, but
+    builds the envs in a child process of the worker (``python -c`` running
+    :func:`host_main`) that holds an :class:`EnvGroup` and serves its direct channel.
+    The client talks to that process directly; Dask actor calls to :meth:`handle` are
+    forwarded to it over a loopback channel. Stepping then never competes with the
+    worker's event loop for the GIL, a step that hangs can be ended by killing the
+    process, and an env that crashes the interpreter takes only its own group down.
+    The process ends when the actor is shut down or released, and when the worker
+    process dies (it watches a pipe from the worker and exits when the pipe closes).
+
+    Parameters
+    ----------
+    factories, env_indices, token
+        As for :class:`EnvGroup`.
+    *group_options
+        :class:`EnvGroup`'s further positional arguments (``on_env_error``,
+        ``max_restarts``, ``restarts``), handed to it unchanged in the env process.
+    build_timeout : float
+        Seconds the envs may take to build before the process is killed and
+        ``TimeoutError`` is raised.
+    busy_poll : float
+        As for :class:`EnvGroup`.
+    """
+
+    def __init__(
+        self,
+        factories: bytes,
+        env_indices: list[int],
+        token: bytes | None = None,
+        *group_options: Any,
+        build_timeout: float = 300.0,
+        busy_poll: float = 0.0,
+    ) -> None:
+        worker = probes.current_worker()
+        self.worker_address = getattr(worker, "address", "local")
+        self.env_indices = list(env_indices)
+        self._lock = threading.Lock()
+        self._closed = False
+        # the actor's own link to the process: loopback, with a token of its own when the
+        # client does not use the direct path (then nothing but the actor can reach the envs)
+        local_token = token if token is not None else secrets.token_bytes(32)
+        config = {
+            "group_args": (factories, self.env_indices, local_token, *group_options),
+            "group_kwargs": {
+                "worker_address": self.worker_address,
+                "listen_host": probes.listen_host(worker) if token is not None else "127.0.0.1",
+                "unix_dir": probes.unix_dir(worker),
+                "busy_poll": busy_poll,
+            },
+            "sys_path": list(sys.path),
+        }
+        start_reaper()
+        self._proc, desc = _start_env_process(config, self.env_indices, build_timeout)
+        # released without shutdown() (a lost or hung group is dropped by the client): stop it then
+        self._finalizer = weakref.finalize(self, _stop_env_process, self._proc, False)
+        try:
+            address = desc["unix_path"] or tuple(desc["address"])  # same machine: Unix if it has one
+            self._channel = DirectChannel(address, local_token, connect_timeout=10.0)
+            self._stats_channel = DirectChannel(address, local_token, connect_timeout=10.0)
+        except BaseException:
+            self._finalizer()
+            raise
+        self._desc = dict(desc)
+        self._desc.update(
+            worker=self.worker_address,
+            pid=os.getpid(),
+            env_pid=self._proc.pid,
+            deadline=probes.worker_deadline(worker),
+            profiler_hazard=probes.profiler_hazard(worker),
+            address=desc["address"] if token is not None else None,
+            unix_path=desc["unix_path"] if token is not None else None,
+        )
+        self.stats = metrics.GroupStats(len(self.env_indices))
+        metrics.install_worker_metrics(worker, self.stats)
+        poller = threading.Thread(target=_poll_stats, args=(weakref.ref(self),), name="daskvec-env-stats", daemon=True)
+        poller.start()
+
+    def describe(self) -> dict[str, Any]:
+        """As :meth:`EnvGroup.describe`, plus ``env_pid``, the env process's id."""
+        return dict(self._desc)
+
+    def refused_connections(self) -> int:
+        """How many peers the env process's direct channel refused."""
+        value = self._forward((Command.REFUSED, ()))
+        if isinstance(value, RemoteError):
+            raise RuntimeError(f"{value.type}: {value.message}")
+        return int(value)
+
+    def handle(self, data: bytes) -> bytes:
+        """Entry point of the Dask-actor transport: forwarded to the env process."""
+        return pack(self._forward(unpack(data)))
+
+    def _forward(self, request: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise ChannelError(f"the env group {self.env_indices} on {self.worker_address} was shut down")
+            self._channel.send(request)
+            return self._channel.recv(None)
+
+    def _refresh_stats(self, timeout: float = _STATS_INTERVAL_S * 10) -> bool:
+        """Copy the env process's step figures into this worker's metrics (False once closed)."""
+        try:
+            self._stats_channel.send((Command.STATS, ()))
+            value = self._stats_channel.recv(timeout)
+        except (ChannelError, TimeoutError, OSError):
+            return False  # the process is gone or stuck: the client finds out on its own channel
+        if not isinstance(value, RemoteError):
+            self.stats.mirror(value)
+        return True
+
+    def shutdown(self) -> bool:
+        """Stop the env process (its envs are closed first); safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+        self._refresh_stats(timeout=1.0)  # the counters keep what the envs did last
+        self._channel.close()
+        self._stats_channel.close()
+        self._finalizer.detach()
+        _stop_env_process(self._proc, wait=True)
+        metrics.forget(self.stats)
+        return True
+
+    def __repr__(self) -> str:
+        return f"EnvHost(envs={self.env_indices}, worker={self.worker_address!r}, pid={self._proc.pid})"
+
+
+def _poll_stats(ref: weakref.ref[EnvHost]) -> None:
+    while True:
+        time.sleep(_STATS_INTERVAL_S)
+        host = ref()
+        if host is None or host._closed or not host._refresh_stats():
+            return
+        del host
+
+
+def _start_env_process(
+    config: dict[str, Any], env_indices: list[int], timeout: float
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start the env process, send it ``config`` and wait for its description."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = f"import sys; sys.path.insert(0, {package_root!r}); from daskvec.worker.host import host_main; host_main()"
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(write_fd)], stdin=subprocess.PIPE, pass_fds=(write_fd,)
+        )
+    finally:
+        os.close(write_fd)
+    try:
+        assert proc.stdin is not None
+        blob = cloudpickle.dumps(config)
+        proc.stdin.write(struct.pack("!Q", len(blob)) + blob)
+        proc.stdin.flush()
+        reply = _read_message(read_fd, timeout)
+    except BaseException:
+        _stop_env_process(proc)
+        raise
+    finally:
+        os.close(read_fd)
+    if reply is None:
+        _stop_env_process(proc)
+        raise TimeoutError(f"the envs {env_indices} were not built within {timeout:.0f}s")
+    if reply == b"":
+        code_ = proc.wait(timeout=10)
+        raise RuntimeError(
+            f"the process building envs {env_indices} exited with code {code_} before they were built "
+            "(see the worker's log); a factory may have crashed the interpreter"
+        )
+    status, value = cloudpickle.loads(reply)
+    if status != "ok":
+        proc.wait(timeout=_STOP_GRACE_S)
+        raise value
+    return proc, value
+
+
+def _read_message(fd: int, timeout: float) -> bytes | None:
+    """Read one length-prefixed message from ``fd``: ``b""`` at EOF, ``None`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    need = 8
+    header_done = False
+    while len(buf) < need:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, max(need - len(buf), 1 << 16))
+        if not chunk:
+            return b""
+        buf += chunk
+        if not header_done and len(buf) >= 8:
+            need = 8 + struct.unpack("!Q", buf[:8])[0]
+            header_done = True
+    return buf[8:need]
+
+
+def _stop_env_process(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
+    """Ask the env process to stop (its stdin closes), then kill it if it does not.
+
+    With ``wait=False`` (the actor was released, possibly on the worker's event loop
+    or inside the garbage collector) the waiting and killing happen on the reaper
+    thread.
+    """
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    if not wait:  # possibly inside the garbage collector: no thread starts here
+        queue_release(functools.partial(_reap, proc))
+    else:
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        logger.warning("env process %d did not stop within %.0fs; killing it", proc.pid, _STOP_GRACE_S)
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_STOP_GRACE_S)
+
+
+def kill_env_process(pid: int) -> bool:
+    """Kill the env process ``pid`` if it is a child of the calling (worker) process.
+
+    The client runs this on a worker, with ``Client.run``, for groups it dropped
+    without a shutdown (a hung step). Returns whether a process was killed.
+    """
+    import psutil  # a dependency of distributed
+
+    try:
+        if psutil.Process(int(pid)).ppid() != os.getpid():
+            return False
+    except psutil.Error:
+        return False
+    os.kill(int(pid), signal.SIGKILL)
+    logger.warning("killed env process %d, which the client dropped (a step hung)", pid)
+    return True
+
+
+def host_main() -> None:
+    """Entry point of an env process (see :class:`EnvHost`); not for direct use.
+
+    Reads its configuration from stdin, builds an :class:`EnvGroup` serving the
+    direct channel, writes the group's description (or the error that stopped it)
+    to the file descriptor given as ``argv[1]``, then waits for stdin to close.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the user's terminal is for the client
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
+    out_fd = int(sys.argv[1])
+    stdin = sys.stdin.buffer
+    (size,) = struct.unpack("!Q", stdin.read(8))
+    config = cloudpickle.loads(stdin.read(size))
+    for entry in reversed(config.pop("sys_path")):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    group: EnvGroup | None = None
+    try:
+        group = EnvGroup(*config["group_args"], **config["group_kwargs"])
+        reply: tuple[str, Any] = ("ok", group.describe())
+    except BaseException as e:  # sent to the actor, which raises it on the worker
+        reply = ("err", _portable_exception(e))
+    blob = cloudpickle.dumps(reply)
+    with os.fdopen(out_fd, "wb") as out:
+        out.write(struct.pack("!Q", len(blob)) + blob)
+    if group is None:
+        os._exit(1)
+    while stdin.read(1 << 16):
+        continue  # nothing more is sent: this returns when the worker closes the pipe or dies
+    closer = threading.Thread(target=group.shutdown, name="daskvec-env-close", daemon=True)
+    closer.start()
+    closer.join(_STOP_GRACE_S)
+    os._exit(0)
+
+
+def _portable_exception(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a ``RuntimeError`` carrying its traceback."""
+    try:
+        cloudpickle.loads(cloudpickle.dumps(exc))
+        return exc
+    except Exception:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{tb}")

@@ -1,0 +1,95 @@
+"""A step whose groups end in different ways at once: replies, an env error, a timeout.
+
+Every group's outcome of a step must be dealt with before the step is over, whatever
+is raised: otherwise a group that timed out is still stepping when the caller steps
+again, and its late reply is read as the next step's result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from daskvec import DaskVecEnv
+from daskvec.cluster import scheduler_workers
+from daskvec.protocol import INFO_KEY
+
+
+class ScriptedEnv(gym.Env[np.ndarray, int]):
+    """Observation ``[steps since reset, env index]``; at step ``at`` it raises (once) or sleeps."""
+
+    def __init__(self, index: int, at: int, raise_at: bool, sleep_s: float = 0.0) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.index, self.at, self.raise_at, self.sleep_s = index, at, raise_at, sleep_s
+        self.t = 0
+        self.raised = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([self.t, self.index], dtype=np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        if self.t == self.at:
+            if self.raise_at and not self.raised:
+                self.raised = True
+                raise RuntimeError(f"env {self.index} fails at its step {self.t}")
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+        return np.array([self.t, self.index], dtype=np.float32), 1.0, False, False, {}
+
+
+@pytest.fixture
+def dclient(cluster2: Any) -> Iterator[Any]:
+    from distributed import Client
+
+    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
+        c.wait_for_workers(2, timeout=60)
+        yield c
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["direct", "actor"])
+def test_env_error_and_timeout_in_one_step(dclient: Any, transport: str) -> None:
+    """Env 0 raises at its 5th step while env 1 sleeps 3 s in the same step (step_timeout=1).
+
+    The error reaches the caller; the hung group is rebuilt before it does, so the next
+    step reports env 1 as truncated (it was lost with its group) and returns the rebuilt
+    env's observation, never the late reply of the step that timed out.
+    """
+    workers = sorted(scheduler_workers(dclient))
+    fns = [
+        lambda: ScriptedEnv(0, at=5, raise_at=True),
+        lambda: ScriptedEnv(1, at=5, raise_at=False, sleep_s=3.0),
+    ]
+    env = DaskVecEnv(fns, client=dclient, envs_per_actor=1, workers=workers, step_timeout=1.0, timeout=30,
+                     transport=transport)  # fmt: skip
+    try:
+        assert len({g["worker"] for g in env.groups}) == 2  # one group per worker
+        obs = env.reset()
+        for t in range(1, 5):
+            obs, _, dones, _ = env.step(np.zeros(2, dtype=np.int64))
+            assert obs[:, 0].tolist() == [t, t] and not dones.any()
+        with pytest.raises(RuntimeError, match="env 0 fails at its step 5"):
+            env.step(np.zeros(2, dtype=np.int64))
+        obs, rewards, dones, infos = env.step(np.zeros(2, dtype=np.int64))
+        assert obs[1].tolist() == [1, 1], f"env 1 returned {obs[1].tolist()}: a late reply of the timed-out step"
+        # env 0 raised at step 5 (its counter counted it) and made step 6 now
+        assert obs[0].tolist() == [6, 0] and not dones[0]
+        # env 1: the end of its old episode, reported now; its observation is the rebuilt env's
+        assert dones[1] and rewards[1] == 0.0
+        assert infos[1]["TimeLimit.truncated"] is True and infos[1][INFO_KEY]["reason"] == "timeout"
+        assert infos[1]["terminal_observation"].tolist() == [4, 1]  # what the learner saw last
+        # env 1's group timed out and was rebuilt (before the error was raised)
+        assert [(e["env"], e["reason"]) for e in env.restart_log] == [(1, "timeout")]
+        obs, _, dones, _ = env.step(np.zeros(2, dtype=np.int64))
+        assert obs[:, 0].tolist() == [7, 2] and not dones.any()
+    finally:
+        env.close()
