@@ -109,8 +109,8 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
     }
     opts.update(kwargs)
     # The workers are handed this config when they start. It quiets the periodic work
-    # of their event loops, which competes for the GIL with the envs' stepping thread:
-    # an idle worker's loop uses ~5% of a core with the defaults, ~2% with these.
+    # of their event loops, which competes for the GIL with the envs' stepping thread
+    # (what an idle worker's loop costs with and without it: docs/benchmark.md).
     install_dashboard_page()  # the scheduler about to start serves the daskvec page
     with dask.config.set(EMBEDDED_WORKER_CONFIG):
         return LocalCluster(**opts)

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,7 +35,15 @@ from daskvec.worker import EnvGroup, EnvHost, kill_env_process
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Group", "GroupPool", "StepOutcome"]
+__all__ = ["Group", "GroupPool", "RestartHistory", "StepOutcome"]
+
+
+class RestartHistory(Protocol):
+    """What a new group needs to know of its envs' past (:class:`daskvec.recovery.RestartLedger`)."""
+
+    restart_counts: np.ndarray
+    error_restarts: np.ndarray
+    base_seeds: list[int | None]
 
 
 @dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
@@ -154,14 +162,14 @@ class GroupPool:
         return ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
 
     # ------------------------------------------------------------------ create
-    def spawn(
-        self, layout: Layout, error_restarts: Sequence[int] | np.ndarray, exclude: Sequence[str] = ()
-    ) -> list[Group]:
+    def spawn(self, layout: Layout, history: RestartHistory, exclude: Sequence[str] = ()) -> list[Group]:
         """Create one group per ``(env_indices, worker)`` and add them to the pool.
 
         A group whose worker vanishes or does not answer is tried on another worker;
-        an exception raised by a factory is raised here. ``error_restarts`` gives each
-        env's restarts after errors so far (they count against ``max_restarts``).
+        an exception raised by a factory is raised here. ``history`` (the restart
+        ledger) gives each env's restarts so far and the seed the user gave it: a group
+        restarting an env after an error derives its seed from them and counts the
+        error restarts against ``max_restarts``.
         """
         deadline = time.monotonic() + max(self.options.timeout, self.options.worker_wait_timeout)
         pending = list(layout)
@@ -169,7 +177,7 @@ class GroupPool:
         bad: set[str] = set(exclude)
         try:
             while pending:
-                attempt = [self._submit(indices, worker, error_restarts) for indices, worker in pending]
+                attempt = [self._submit(indices, worker, history) for indices, worker in pending]
                 retry: list[list[int]] = []
                 for indices, worker, token, key, fut in attempt:
                     try:
@@ -205,10 +213,14 @@ class GroupPool:
             raise
         return created
 
-    def _submit(self, indices: list[int], worker: str, error_restarts: Sequence[int] | np.ndarray) -> tuple[Any, ...]:
+    def _submit(self, indices: list[int], worker: str, history: RestartHistory) -> tuple[Any, ...]:
         token = secrets.token_bytes(32) if self.transport != "actor" else None
         key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
-        options: dict[str, Any] = {"busy_poll": self.options.busy_poll}
+        options: dict[str, Any] = {
+            "busy_poll": self.options.busy_poll,
+            "rebuilds": [int(history.restart_counts[i]) for i in indices],
+            "base_seeds": [history.base_seeds[i] for i in indices],
+        }
         if self.options.env_process:
             options["build_timeout"] = self.options.timeout
         fut = self.client.submit(
@@ -218,7 +230,7 @@ class GroupPool:
             token,
             self.options.on_env_error,
             self.options.max_restarts,
-            [int(error_restarts[i]) for i in indices],
+            [int(history.error_restarts[i]) for i in indices],
             **options,
             actor=True,
             workers=[worker],

@@ -48,7 +48,7 @@ class Command(enum.StrEnum):
     """
 
     STEP = "step"  # (actions,) -> StepReply
-    RESET = "reset"  # (seeds, options) -> ResetReply
+    RESET = "reset"  # (seeds, options[, user]) -> ResetReply; user=False: restart seeds
     GET_ATTR = "get_attr"  # (name, positions) -> list
     SET_ATTR = "set_attr"  # (name, value, positions) -> None
     ENV_METHOD = "env_method"  # (name, args, kwargs, positions) -> list

@@ -339,10 +339,10 @@ class Recovery:
         rebuilds: list[Rebuild] = []
         bad = set(lost_workers)
         for attempt in range(_ATTEMPTS):
-            spawned = self.pool.spawn(layout, self.ledger.error_restarts, exclude=sorted(bad))
-            requests: dict[Group, Any] = {
-                g: (Command.RESET, ([seeds[i] for i in g.env_indices], [{}] * len(g.env_indices))) for g in spawned
-            }
+            spawned = self.pool.spawn(layout, self.ledger, exclude=sorted(bad))
+            requests: dict[Group, Any] = {}
+            for g in spawned:  # restart seeds, which do not replace the user's seeds
+                requests[g] = (Command.RESET, ([seeds[i] for i in g.env_indices], [{}] * len(g.env_indices), False))
             replies = self.pool.call(requests, self.options.timeout)
             failed = [g for g in spawned if isinstance(replies[g], BaseException)]
             for g in spawned:

@@ -214,7 +214,7 @@ class DaskVecEnv(VecEnv):
             _cluster.keep_env_workers(self.client)
             workers_now = self._directory.wait_for_workers()
             layout = _cluster.plan_groups(n_envs, len(workers_now), self.options.envs_per_actor)
-            self._pool.spawn(self._directory.assign(layout, workers_now, {}), self._ledger.error_restarts)
+            self._pool.spawn(self._directory.assign(layout, workers_now, {}), self._ledger)
             observation_space, action_space = self._check_spaces()
         except BaseException:
             if self._pool is not None:

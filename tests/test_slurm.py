@@ -180,7 +180,8 @@ class TestTwoJobs:
             assert victim_worker not in {g["worker"] for g in env.groups}
 
             # the adaptive cluster submits a replacement job; envs spread back onto it
-            wait_until(lambda: len(set(env._directory.eligible()) - {victim_worker}) >= 2, 150, "a replacement SLURM job")
+            eligible = env._directory.eligible
+            wait_until(lambda: len(set(eligible()) - {victim_worker}) >= 2, 150, "a replacement SLURM job")
             assert env.rebalance() > 0
             env.step(np.zeros(4, dtype=np.int64))
             assert len({g["worker"] for g in env.groups}) == 2

@@ -139,6 +139,11 @@ class EnvGroup:
         Per-env budget of restarts after env errors.
     restarts : list of int, optional
         Error restarts of these envs in an earlier life (they count against the budget).
+    rebuilds : list of int, optional
+        How many times each env was rebuilt so far, for any reason: the restart count
+        its next restart seed derives from (see :func:`daskvec.protocol.restart_seed`).
+    base_seeds : list of int or None, optional
+        The seed the user last gave each env, which restart seeds derive from.
     worker_address : str, optional
         Address reported in errors and infos; by default the current worker's.
     listen_host : str, optional
@@ -162,6 +167,8 @@ class EnvGroup:
         max_restarts: int = 10,
         restarts: list[int] | None = None,
         *,
+        rebuilds: list[int] | None = None,
+        base_seeds: list[int | None] | None = None,
         worker_address: str | None = None,
         listen_host: str | None = None,
         unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
@@ -173,6 +180,7 @@ class EnvGroup:
         self.on_env_error = on_env_error
         self.max_restarts = max_restarts
         self.restarts = list(restarts) if restarts is not None else [0] * len(env_indices)
+        self.rebuilds = list(rebuilds) if rebuilds is not None else list(self.restarts)
         self._lock = threading.Lock()
         self._closed = False
         self._factories: list[Callable[[], gym.Env[Any, Any]]] = cloudpickle.loads(factories)
@@ -180,7 +188,7 @@ class EnvGroup:
         n = len(self.envs)
         self._returns = np.zeros(n, dtype=np.float64)
         self._last_obs: Any = None
-        self._seeds: list[int | None] = [None] * n
+        self._seeds: list[int | None] = list(base_seeds) if base_seeds is not None else [None] * n
         self.stats = metrics.GroupStats(n)
         metrics.install_worker_metrics(self._worker, self.stats)
         self.deadline = probes.worker_deadline(self._worker)
@@ -321,6 +329,7 @@ class EnvGroup:
     def _restart(self, pos: int, exc: BaseException) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         index = self.env_indices[pos]
         self.restarts[pos] += 1
+        self.rebuilds[pos] += 1
         count = self.restarts[pos]
         self.stats.restarts += 1
         if count > self.max_restarts:
@@ -337,7 +346,7 @@ class EnvGroup:
             self.envs[pos].close()
         except Exception:
             logger.debug("closing crashed env %d failed", index, exc_info=True)
-        seed = restart_seed(index, count, self._seeds[pos])
+        seed = restart_seed(index, self.rebuilds[pos], self._seeds[pos])
         try:
             self.envs[pos] = self._build(pos, self._factories[pos])
             obs, reset_info = self.envs[pos].reset(seed=seed)
@@ -347,7 +356,7 @@ class EnvGroup:
             "restarted": True,
             "reason": "env_error",
             "error": f"{type(exc).__name__}: {exc}",
-            "restarts": count,
+            "restarts": self.rebuilds[pos],
             "seed": seed,
             "worker": self.worker_address,
         }
@@ -413,12 +422,16 @@ class EnvGroup:
             obs, reset_info, restarted[pos] = self._recover(pos, e)
             return obs, reset_info
 
-    def reset(self, seeds: list[int | None], options: list[dict[str, Any]]) -> ResetReply:
-        """Reset every env, with its seed and options (``None``/empty: none)."""
+    def reset(self, seeds: list[int | None], options: list[dict[str, Any]], user: bool = True) -> ResetReply:
+        """Reset every env, with its seed and options (``None``/empty: none).
+
+        Seeds of a ``user`` reset become the envs' base seeds (restart seeds derive from
+        them); those of a rebuilt group's first reset (restart seeds) do not.
+        """
         obs_list = []
         reply = ResetReply(None, [])
         for pos in range(len(self.envs)):
-            if seeds[pos] is not None:
+            if user and seeds[pos] is not None:
                 self._seeds[pos] = seeds[pos]
             obs, info = self._reset_one(pos, seeds[pos], options[pos], reply.restarted)
             self._returns[pos] = 0.0

@@ -67,7 +67,7 @@ class EnvHost:
     build_timeout : float
         Seconds the envs may take to build before the process is killed and
         ``TimeoutError`` is raised.
-    busy_poll : float
+    busy_poll, rebuilds, base_seeds
         As for :class:`EnvGroup`.
     """
 
@@ -79,6 +79,8 @@ class EnvHost:
         *group_options: Any,
         build_timeout: float = 300.0,
         busy_poll: float = 0.0,
+        rebuilds: list[int] | None = None,
+        base_seeds: list[int | None] | None = None,
     ) -> None:
         worker = probes.current_worker()
         self.worker_address = getattr(worker, "address", "local")
@@ -95,6 +97,8 @@ class EnvHost:
                 "listen_host": probes.listen_host(worker) if token is not None else "127.0.0.1",
                 "unix_dir": probes.unix_dir(worker),
                 "busy_poll": busy_poll,
+                "rebuilds": rebuilds,
+                "base_seeds": base_seeds,
             },
             "sys_path": list(sys.path),
         }

@@ -1,0 +1,214 @@
+"""Client side of the transport: one channel per env group, and waiting for many replies."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol
+
+from daskvec.transport.codec import decode, encode, pack, unpack
+from daskvec.transport.wire import (
+    DIGEST_BYTES,
+    NONCE_BYTES,
+    ChannelError,
+    digest,
+    recv_exact,
+    recv_frames,
+    send_frames,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ActorChannel", "Channel", "DirectChannel", "iter_replies", "recv_many"]
+
+#: Seconds every channel still gets once the overall deadline of a wait has passed.
+_GRACE = 0.1
+
+
+# --------------------------------------------------------------------------- channels
+class Channel(Protocol):
+    """What the client needs from a channel to one env-group actor."""
+
+    kind: str
+
+    def send(self, request: Any) -> None:
+        """Send one request; do not wait for the reply."""
+
+    def recv(self, timeout: float | None) -> Any:
+        """Wait for the reply to the last request (``TimeoutError`` after ``timeout`` s)."""
+
+    def close(self) -> None:
+        """Release the channel (idempotent)."""
+
+
+class DirectChannel:
+    """Client side of the fast path: one authenticated socket to one actor.
+
+    Parameters
+    ----------
+    address : tuple of (str, int), or str
+        The actor's TCP address, or the path of its Unix socket, as the actor reported.
+    token : bytes
+        The secret given to the actor when it was created.
+    connect_timeout : float
+        Seconds to wait for the connection and the handshake.
+
+    Attributes
+    ----------
+    family : {"tcp", "unix"}
+        Which kind of socket this channel uses.
+
+    Raises
+    ------
+    ChannelError
+        When the address cannot be reached or the peer fails the handshake.
+    """
+
+    kind = "direct"
+
+    def __init__(self, address: tuple[str, int] | str, token: bytes, connect_timeout: float = 5.0) -> None:
+        self.address = address
+        self.family = "unix" if isinstance(address, str) else "tcp"
+        where = self._where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+        try:
+            if isinstance(address, str):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(connect_timeout)
+                    sock.connect(address)
+                except BaseException:
+                    sock.close()
+                    raise
+            else:
+                sock = socket.create_connection(address, timeout=connect_timeout)
+        except OSError as e:
+            raise ChannelError(f"cannot connect to {where}: {e}") from e
+        try:
+            server_nonce = bytes(recv_exact(sock, NONCE_BYTES))
+            client_nonce = secrets.token_bytes(NONCE_BYTES)
+            sock.sendall(digest(token, b"client", server_nonce) + client_nonce)
+            proof = bytes(recv_exact(sock, DIGEST_BYTES))
+        except OSError as e:
+            sock.close()
+            raise ChannelError(f"handshake with {where} failed: {e}") from e
+        if not hmac.compare_digest(proof, digest(token, b"server", client_nonce)):
+            sock.close()
+            raise ChannelError(f"peer at {where} failed authentication")
+        if self.family == "tcp":
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)
+        self._sock: socket.socket | None = sock
+
+    def send(self, request: Any) -> None:
+        """See :class:`Channel`."""
+        if self._sock is None:
+            raise ChannelError("channel is closed")
+        try:
+            self._sock.settimeout(None)
+            send_frames(self._sock, encode(request))
+        except OSError as e:
+            raise ChannelError(f"send to {self._where} failed: {e}") from e
+
+    def recv(self, timeout: float | None) -> Any:
+        """See :class:`Channel`."""
+        if self._sock is None:
+            raise ChannelError("channel is closed")
+        self._sock.settimeout(timeout)
+        try:
+            frames = recv_frames(self._sock)
+        except TimeoutError:
+            raise
+        except OSError as e:
+            raise ChannelError(f"receive from {self._where} failed: {e}") from e
+        return decode(frames)
+
+    def close(self) -> None:
+        """See :class:`Channel`."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+            self._sock = None
+
+
+class ActorChannel:
+    """Client side of the fallback path: ordinary Dask actor calls.
+
+    Parameters
+    ----------
+    actor : distributed.Actor
+        Proxy of an :class:`daskvec.worker.EnvGroup`.
+    """
+
+    kind = "actor"
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+        self._pending: Any = None
+
+    def send(self, request: Any) -> None:
+        """See :class:`Channel`."""
+        try:
+            self._pending = self._actor.handle(pack(request))
+        except Exception as e:  # the proxy raises when its worker is known to be gone
+            raise ChannelError(str(e)) from e
+
+    def recv(self, timeout: float | None) -> Any:
+        """See :class:`Channel`."""
+        fut, self._pending = self._pending, None
+        if fut is None:
+            raise ChannelError("no request is pending on this channel")
+        try:
+            data = fut.result(timeout=timeout)
+        except TimeoutError:
+            raise
+        except Exception as e:
+            raise ChannelError(f"actor call failed: {type(e).__name__}: {e}") from e
+        return unpack(data)
+
+    def close(self) -> None:
+        """See :class:`Channel`."""
+        self._pending = None
+
+
+def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Generator[Any, None, None]:
+    """Yield the replies of many channels, one wait for all of them, each as soon as it is in.
+
+    The channels are read in order, so a caller can take in the first reply while the
+    later ones are still on their way. A caller that stops early must still exhaust
+    the iterator (or the channels stay one reply behind).
+
+    Parameters
+    ----------
+    channels : sequence of Channel
+        Channels that each have one request pending.
+    timeout : float or None
+        Overall deadline in seconds for all replies.
+
+    Yields
+    ------
+    object
+        For each channel, in order, its decoded reply or the exception
+        (``ChannelError`` or ``TimeoutError``) that its receive raised. A failure of
+        one channel does not stop the others from being collected.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for ch in channels:
+        # once the deadline has passed, a reply that has already arrived must still be
+        # collected: give every later channel a short grace instead of nothing
+        remaining = None if deadline is None else max(deadline - time.monotonic(), _GRACE)
+        try:
+            reply = ch.recv(remaining)
+        except (ChannelError, TimeoutError) as e:
+            reply = e
+        yield reply
+
+
+def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
+    """All the replies of :func:`iter_replies` (same parameters) as a list, in channel order."""
+    return list(iter_replies(channels, timeout))

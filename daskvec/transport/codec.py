@@ -1,0 +1,316 @@
+"""The codec: how requests and replies become frames, and back.
+
+Step requests and the common step replies are compact records of raw arrays; every other
+message is a pickle whose large arrays travel out of band (see :func:`encode`).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import logging
+import pickle
+import struct
+from collections import ChainMap
+from collections.abc import Sequence
+from typing import Any, cast
+
+import cloudpickle
+import numpy as np
+
+from daskvec.protocol import StepReply
+from daskvec.transport.wire import COUNT, ChannelError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OUT_OF_BAND_MIN_BYTES", "decode", "encode", "pack", "unpack"]
+
+# --------------------------------------------------------------------------- encoding
+#: Arrays at least this large travel as separate out-of-band frames (never copied
+#: into the pickle); smaller ones ride inside it as raw bytes.
+OUT_OF_BAND_MIN_BYTES = 1 << 14
+
+
+def _array_from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)  # a writable copy
+
+
+def _array_from_buffer(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)  # the received frame, not a copy
+
+
+def _reduce_array(arr: np.ndarray) -> Any:
+    # NumPy's own pickling of small arrays goes through Python helpers and costs more
+    # than a whole CartPole step; (bytes, dtype, shape) does not. Only arrays reach
+    # this function (it is the pickler's dispatch entry for np.ndarray), so the other
+    # objects of a message are pickled by C code alone.
+    if arr.dtype.hasobject:
+        return arr.__reduce_ex__(5)
+    if arr.nbytes >= OUT_OF_BAND_MIN_BYTES:
+        arr = np.ascontiguousarray(arr)
+        return _array_from_buffer, (pickle.PickleBuffer(arr.data), arr.dtype.str, arr.shape)
+    return _array_from_bytes, (arr.tobytes(), arr.dtype.str, arr.shape)
+
+
+class _Pickler(pickle.Pickler):
+    """The fast C pickler, for messages of plain data."""
+
+
+class _CloudPickler(cloudpickle.Pickler):
+    """The fallback for what plain pickle cannot handle (lambdas, classes from ``__main__``)."""
+
+
+# Set after the class bodies: they are class-level tables, looked up by C code for types
+# pickle does not handle natively. ChainMaps are live views: what is registered with
+# copyreg (or cloudpickle) later still counts.
+_ARRAYS: dict[type, Any] = {np.ndarray: _reduce_array}
+_Pickler.dispatch_table = ChainMap(_ARRAYS, cast(Any, copyreg.dispatch_table))
+_CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_table)
+
+
+# ------------------------------------------------------------- compact step messages
+# The two messages of every step have a fixed form: ("step", (actions,)) and, in the
+# common case, a StepReply whose envs returned no info keys of their own, with empty
+# reset infos and no restarts. They are written as raw arrays behind a
+# one-byte tag instead of as a pickle: no pickler, no reduce callbacks, no objects to
+# rebuild by the unpickler. Both sit on the critical path of every step (what this gains
+# is measured in docs/benchmark.md). Every other message, and every step reply that does
+# not fit (dict observations, infos with keys of the env's own, reset infos that are not
+# empty), stays a pickle. A pickle of protocol 2 or later starts with 0x80, so the tags
+# below never collide with one.
+_STEP_REQUEST = 0x01
+_STEP_REPLY = 0x02
+_PICKLE = 0x80
+# per-env bits of a compact step reply
+_TERMINATED, _TRUNCATED, _FINAL_OBS, _RESET_INFO = 1, 2, 4, 8
+_REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then n flag bytes,
+# n little-endian float64 rewards, the observations and, if any episode ended, the final
+# observations stacked
+_ARRAY_HEAD = struct.Struct("<BBB")  # length of the dtype string, ndim, out of band?
+_F8 = np.dtype("<f8")
+_META_OUT: dict[tuple[np.dtype[Any], tuple[int, ...], bool], bytes] = {}
+_META_IN: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
+_META_CACHE_MAX = 256
+
+
+def _array_parts(arr: np.ndarray, parts: list[bytes], extra: list[memoryview]) -> None:
+    """Append ``arr``'s description and data to a compact message."""
+    oob = arr.nbytes >= OUT_OF_BAND_MIN_BYTES
+    key = (arr.dtype, arr.shape, oob)
+    meta = _META_OUT.get(key)
+    if meta is None:
+        dtype = arr.dtype.str.encode()
+        meta = _ARRAY_HEAD.pack(len(dtype), arr.ndim, oob) + dtype + struct.pack(f"<{arr.ndim}Q", *arr.shape)
+        if len(_META_OUT) >= _META_CACHE_MAX:
+            _META_OUT.clear()
+        _META_OUT[key] = meta
+    parts.append(meta)
+    if oob:
+        extra.append(memoryview(cast(Any, np.ascontiguousarray(arr))).cast("B"))
+    else:
+        parts.append(arr.tobytes())
+
+
+def _parse_meta(meta: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    n_dtype, ndim, oob = _ARRAY_HEAD.unpack_from(meta, 0)
+    dtype = np.dtype(meta[_ARRAY_HEAD.size : _ARRAY_HEAD.size + n_dtype].decode())
+    if dtype.hasobject:
+        raise ValueError("object arrays are not sent raw")
+    shape = struct.unpack_from(f"<{ndim}Q", meta, _ARRAY_HEAD.size + n_dtype)
+    count = 1
+    for dim in shape:
+        count *= dim
+    return dtype, shape, -1 if oob else count
+
+
+def _read_array(payload: Any, offset: int, extra: list[Any]) -> tuple[np.ndarray, int]:
+    """Read one array written by :func:`_array_parts`; returns it and the next offset."""
+    size = _ARRAY_HEAD.size + payload[offset] + 8 * payload[offset + 1]
+    meta = bytes(payload[offset : offset + size])
+    known = _META_IN.get(meta)
+    if known is None:
+        known = _parse_meta(meta)
+        if len(_META_IN) >= _META_CACHE_MAX:
+            _META_IN.clear()
+        _META_IN[meta] = known
+    dtype, shape, count = known
+    offset += size
+    if count < 0:
+        arr = np.frombuffer(extra.pop(0), dtype=dtype)
+    else:
+        arr = np.frombuffer(payload, dtype=dtype, count=count, offset=offset)
+        offset += arr.nbytes
+    if not arr.flags.writeable:  # a frame of immutable bytes (the actor channel)
+        arr = arr.copy()
+    return arr.reshape(shape), offset
+
+
+def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
+    """The compact form of ``("step", (actions,))``, or None if ``obj`` is not one."""
+    if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
+        return None
+    body = obj[1]
+    if type(body) is not tuple or len(body) != 1:
+        return None
+    actions = body[0]
+    if type(actions) is not np.ndarray or actions.dtype.hasobject:
+        return None
+    parts: list[bytes] = [b"\x01"]  # _STEP_REQUEST
+    extra: list[memoryview] = []
+    _array_parts(actions, parts, extra)
+    return b"".join(parts), extra
+
+
+def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | None:
+    """The compact form of a step reply, or None if it carries more than the flags can say."""
+    obs, rewards, terminated, truncated = reply.obs, reply.rewards, reply.terminated, reply.truncated
+    if reply.infos or reply.restarted or any(reply.reset_infos.values()):
+        return None
+    n = len(rewards)
+    if not (
+        type(obs) is np.ndarray
+        and not obs.dtype.hasobject
+        and len(obs) == n
+        and type(rewards) is np.ndarray
+        and rewards.shape == (n,)
+        and type(terminated) is np.ndarray
+        and terminated.dtype == np.bool_
+        and terminated.shape == (n,)
+        and type(truncated) is np.ndarray
+        and truncated.dtype == np.bool_
+        and truncated.shape == (n,)
+    ):
+        return None
+    flags = bytearray(terminated.tobytes())  # _TERMINATED is bit 0
+    final: list[np.ndarray] = []
+    row_shape = obs.shape[1:]
+    for pos in sorted(reply.final_obs):
+        last = reply.final_obs[pos]
+        if not 0 <= pos < n or type(last) is not np.ndarray or last.dtype != obs.dtype or last.shape != row_shape:
+            return None
+        final.append(last)
+        flags[pos] |= _FINAL_OBS
+    for pos in np.flatnonzero(truncated).tolist():
+        flags[pos] |= _TRUNCATED
+    for pos in reply.reset_infos:
+        if not 0 <= pos < n:
+            return None
+        flags[pos] |= _RESET_INFO
+    parts: list[bytes] = [_REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n), bytes(flags)]
+    parts.append(rewards.astype("<f8", copy=False).tobytes())
+    extra: list[memoryview] = []
+    _array_parts(obs, parts, extra)
+    if final:
+        _array_parts(np.stack(final), parts, extra)
+    return b"".join(parts), extra
+
+
+def _decode_step(frames: Sequence[Any]) -> Any:
+    """Rebuild the message that the compact encoders wrote, as the pickle path would."""
+    payload = frames[0]
+    extra = list(frames[1:])
+    try:
+        if payload[0] == _STEP_REQUEST:
+            actions, _ = _read_array(payload, 1, extra)
+            return ("step", (actions,))
+        _, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
+        offset = _REPLY_HEAD.size
+        flags = np.frombuffer(bytes(payload[offset : offset + n]), dtype=np.uint8)
+        offset += n
+        rewards = np.frombuffer(payload, dtype=_F8, count=n, offset=offset)
+        if not rewards.flags.writeable:
+            rewards = rewards.copy()
+        offset += 8 * n
+        obs, offset = _read_array(payload, offset, extra)
+        final = _read_array(payload, offset, extra)[0] if (flags & _FINAL_OBS).any() else None
+    except (struct.error, ValueError, TypeError, IndexError) as e:
+        raise ChannelError(f"malformed compact message: {e}") from e
+    if len(flags) != n or len(obs) != n:
+        raise ChannelError("malformed compact step reply (lengths differ)")
+    final_positions = np.flatnonzero(flags & _FINAL_OBS).tolist()
+    if final_positions and (final is None or len(final) != len(final_positions)):
+        raise ChannelError("malformed compact step reply (final observations)")
+    return StepReply(
+        obs,
+        rewards,
+        (flags & _TERMINATED).astype(bool),
+        (flags & _TRUNCATED).astype(bool),
+        final_obs={pos: final[k] for k, pos in enumerate(final_positions)} if final is not None else {},
+        reset_infos={pos: {} for pos in np.flatnonzero(flags & _RESET_INFO).tolist()},
+        env_seconds=env_seconds,
+    )
+
+
+def _framed(payload: bytes | memoryview, extra: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    lengths = [memoryview(payload).nbytes, *(memoryview(x).nbytes for x in extra)]
+    header = COUNT.pack(len(lengths)) + struct.pack(f"!{len(lengths)}Q", *lengths)
+    return [header, payload, *extra]
+
+
+def encode(obj: Any) -> list[bytes | memoryview]:
+    """Encode ``obj`` as frames: a header, one payload, then the raw buffers of large arrays.
+
+    Parameters
+    ----------
+    obj : object
+        Anything cloudpickle can pickle. NumPy arrays inside it are written as raw
+        bytes with their dtype and shape; those of at least
+        :data:`OUT_OF_BAND_MIN_BYTES` are not copied at all but sent as separate
+        frames after the payload. A step request, and a step reply whose infos hold
+        only the keys the group sets itself, get a compact payload of raw arrays;
+        everything else is one pickle.
+
+    Returns
+    -------
+    list of bytes-like
+        ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
+    """
+    compact = _encode_step_reply(obj) if type(obj) is StepReply else _encode_step_request(obj)
+    if compact is not None:
+        return _framed(*compact)
+    buffers: list[pickle.PickleBuffer] = []
+    f = io.BytesIO()
+    try:
+        _Pickler(f, protocol=5, buffer_callback=buffers.append).dump(obj)
+    except Exception:
+        # The C pickler is several times faster than cloudpickle; fall back to it only
+        # for what plain pickle cannot handle (lambdas, classes from __main__, ...).
+        buffers.clear()
+        f = io.BytesIO()
+        _CloudPickler(f, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return _framed(f.getbuffer(), [b.raw() for b in buffers])
+
+
+def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
+    """Decode the frames made by :func:`encode` (without the header frame).
+
+    Raises
+    ------
+    ChannelError
+        If the payload is neither a pickle nor a well-formed compact step message.
+    """
+    tag = frames[0][0] if len(frames[0]) else -1
+    if tag == _PICKLE:
+        return pickle.loads(frames[0], buffers=frames[1:])
+    if tag in (_STEP_REQUEST, _STEP_REPLY):
+        return _decode_step(frames)
+    raise ChannelError(f"malformed message (payload starts with byte {tag})")
+
+
+def pack(obj: Any) -> bytes:
+    """Encode ``obj`` into one bytes object (used by :class:`ActorChannel`)."""
+    return b"".join(encode(obj))
+
+
+def unpack(data: bytes | bytearray | memoryview) -> Any:
+    """Inverse of :func:`pack`."""
+    view = memoryview(data)
+    (count,) = COUNT.unpack_from(view, 0)
+    offset = COUNT.size
+    lengths = struct.unpack_from(f"!{count}Q", view, offset)
+    offset += 8 * count
+    frames = []
+    for n in lengths:
+        frames.append(view[offset : offset + n])
+        offset += n
+    return decode(frames)
