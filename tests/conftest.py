@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +31,6 @@ if "dask" in sys.modules:  # imported before this file (a plugin): read the vari
     dask.config.refresh()
 
 TESTS_DIR = Path(__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -120,8 +115,9 @@ def start_dask_processes(
     The processes run from ``tmp_path`` with a clean ``PYTHONPATH``: they can import
     installed packages (daskvec included) but not the tests' own modules.
     """
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
+    # the scheduler picks its own free port (0) and reports its address in its scheduler
+    # file: no port is chosen here and handed over later, when another process may hold it
+    scheduler_file = tmp_path / f"scheduler-{uuid.uuid4().hex}.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
     scheduler = subprocess.Popen(
@@ -132,9 +128,11 @@ def start_dask_processes(
             "--host",
             "127.0.0.1",
             "--port",
-            str(port),
+            "0",
             "--dashboard-address",
             ":0",
+            "--scheduler-file",
+            str(scheduler_file),
             *scheduler_args,
         ],
         cwd=tmp_path,
@@ -142,20 +140,24 @@ def start_dask_processes(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    procs = DaskProcesses(address, scheduler, cwd=tmp_path, worker_args=list(worker_args), env=env)
     deadline = time.monotonic() + 60
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
+            address = str(json.loads(scheduler_file.read_text())["address"])
+            break
+        except (OSError, ValueError, KeyError):  # not written yet, or half written
             if scheduler.poll() is not None or time.monotonic() > deadline:
-                procs.stop()
+                DaskProcesses("", scheduler).stop()
                 raise RuntimeError("dask scheduler did not start") from None
             time.sleep(0.1)
-    for _ in range(n_workers):
-        procs.add_worker()
-    procs.wait_for_workers(n_workers)
+    procs = DaskProcesses(address, scheduler, cwd=tmp_path, worker_args=list(worker_args), env=env)
+    try:
+        for _ in range(n_workers):
+            procs.add_worker()
+        procs.wait_for_workers(n_workers)
+    except BaseException:
+        procs.stop()
+        raise
     return procs
 
 

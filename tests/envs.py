@@ -9,7 +9,12 @@ import numpy as np
 
 
 class CountingEnv(gym.Env[np.ndarray, int]):
-    """Observation counts steps; episode ends after ``horizon`` steps; can fail on demand."""
+    """Observation counts steps; episode ends after ``horizon`` steps; can fail on demand.
+
+    The reward is the action. ``reset_seeds`` records every seed the env was reset with
+    (``None`` included), and the reset info repeats it as ``"seeded"``, so that tests see
+    what the env itself was seeded with.
+    """
 
     metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012 (gymnasium's convention)
 
@@ -22,11 +27,13 @@ class CountingEnv(gym.Env[np.ndarray, int]):
         self.t = 0
         self.total_steps = 0
         self.offset = 0.0
+        self.reset_seeds: list[int | None] = []
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
+        self.reset_seeds.append(seed)
         self.t = 0
         self.offset = float(self.np_random.integers(0, 1000))
         if options and "offset" in options:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from daskvec import DaskVecEnv
 from daskvec.cluster import scheduler_workers
+from daskvec.errors import ClosedEnvError
 
 N_ENVS = 4
 
@@ -330,23 +332,75 @@ def test_no_render_mode(backend: str, vec_factory: Any) -> None:
 
 
 # --------------------------------------------------------------------------- close
+def closing_fns(directory: Path, n: int = N_ENVS) -> list[Callable[[], gym.Env[Any, Any]]]:
+    """``space_fns("box")`` whose envs append a line to ``directory/closed-<i>`` each time they close.
+
+    The class is made inside this function, so that cloudpickle sends it to the workers
+    by value (the workers do not import this test module).
+    """
+
+    class ClosingEnv(SpaceEnv):
+        def __init__(self, index: int, **kwargs: Any) -> None:
+            super().__init__("box", **kwargs)
+            self.index = index
+
+        def close(self) -> None:
+            with open(directory / f"closed-{self.index}", "a") as f:
+                f.write(f"{os.getpid()}\n")
+            super().close()
+
+    return [functools.partial(ClosingEnv, i, horizon=4, terminate_at=(2 + i if i % 2 == 0 else None))
+            for i in range(n)]
+
+
+def env_closes(directory: Path, n: int = N_ENVS) -> list[int]:
+    """How many times each env closed, once every env has closed at least once (30 s at most)."""
+
+    def counts() -> list[int]:
+        files = [directory / f"closed-{i}" for i in range(n)]
+        return [len(f.read_text().splitlines()) if f.exists() else 0 for f in files]
+
+    deadline = time.monotonic() + 30
+    while 0 in counts() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the groups close their envs after close() returned, on the workers
+    return counts()
+
+
+def check_closed(backend: str, venv: VecEnv, directory: Path) -> None:
+    """What a closed vec env of ``backend`` must show: its envs closed once, nothing left running."""
+    closes = env_closes(directory)
+    if backend == "dummy":  # DummyVecEnv closes its envs again on each close(): gymnasium allows it
+        assert all(c >= 1 for c in closes), closes
+        return
+    assert closes == [1] * N_ENVS, f"times each env was closed: {closes}"
+    assert isinstance(venv, (SubprocVecEnv, DaskVecEnv)) and venv.closed
+    if isinstance(venv, SubprocVecEnv):
+        assert not any(p.is_alive() for p in venv.processes)  # close() joined its processes
+    else:
+        with pytest.raises(ClosedEnvError):
+            venv.step(np.zeros(N_ENVS, dtype=np.int64))
+        with pytest.raises(ClosedEnvError):
+            venv.get_attr("t")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_close_twice(backend: str, vec_factory: Any) -> None:
-    venv = vec_factory(backend, space_fns("box"))
+def test_close_twice(backend: str, vec_factory: Any, tmp_path: Path) -> None:
+    venv = vec_factory(backend, closing_fns(tmp_path))
     venv.reset()
     venv.step(np.zeros(N_ENVS, dtype=np.int64))
+    assert not list(tmp_path.glob("closed-*"))  # nothing closed before close()
     venv.close()
     venv.close()
-    assert getattr(venv, "closed", True)  # DummyVecEnv has no such flag
+    check_closed(backend, venv, tmp_path)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_close_while_step_in_flight(backend: str, vec_factory: Any) -> None:
-    venv = vec_factory(backend, space_fns("box"))
+def test_close_while_step_in_flight(backend: str, vec_factory: Any, tmp_path: Path) -> None:
+    venv = vec_factory(backend, closing_fns(tmp_path))
     venv.reset()
     venv.step_async(np.zeros(N_ENVS, dtype=np.int64))
     venv.close()
-    assert getattr(venv, "closed", True)
+    check_closed(backend, venv, tmp_path)
     venv.close()
 
 
@@ -362,8 +416,6 @@ def test_close_releases_the_actors(backend: str, vec_factory: Any, dclient: Any)
     venv.step_async(np.zeros(N_ENVS, dtype=np.int64))
     venv.close()
     deadline = 30.0
-    import time
-
     t0 = time.monotonic()
     while keys & set(dclient.run_on_scheduler(held)):
         assert time.monotonic() - t0 < deadline, "actors still held after close()"
@@ -413,17 +465,39 @@ def test_sb3_wrappers_match_dummy(backend: str, wrapper: str, vec_factory: Any, 
     venv.close()
 
 
+def record_video(venv: VecEnv, directory: Path, length: int) -> list[np.ndarray]:
+    """Record ``venv`` with SB3's VecVideoRecorder from its first step and decode the video file."""
+    import imageio_ffmpeg
+    from stable_baselines3.common.vec_env import VecVideoRecorder
+
+    venv.seed(5)
+    rec = VecVideoRecorder(venv, str(directory), record_video_trigger=lambda step: step == 0,
+                           video_length=length, name_prefix="clip")
+    rec.reset()
+    for step in range(length + 2):  # past the end of the clip: it is written once complete
+        rec.step(np.full(N_ENVS, step % 2, dtype=np.int64))
+    rec.close()
+    (video,) = directory.glob("clip*.mp4")
+    reader = imageio_ffmpeg.read_frames(str(video))
+    width, height = next(reader)["size"]  # the first item is the metadata
+    return [np.frombuffer(f, dtype=np.uint8).reshape(height, width, 3) for f in reader]
+
+
 @pytest.mark.parametrize("backend", ["dask-2w-1per-direct", "dask-2w-actor"])
 def test_vec_video_recorder(backend: str, vec_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("moviepy")
-    from stable_baselines3.common.vec_env import VecVideoRecorder
-
+    pytest.importorskip("imageio_ffmpeg")
+    length = 10
     venv = vec_factory(backend, space_fns("box", render_mode="rgb_array"))
-    rec = VecVideoRecorder(venv, str(tmp_path), record_video_trigger=lambda step: step == 0, video_length=10,
-                           name_prefix="clip")
-    rec.reset()
-    for _ in range(12):
-        rec.step(np.ones(N_ENVS, dtype=np.int64))
-    rec.close()
-    videos = list(tmp_path.glob("clip*.mp4"))
-    assert len(videos) == 1 and videos[0].stat().st_size > 0
+    ref = vec_factory("dummy", space_fns("box", render_mode="rgb_array"))
+    shape = ref.render().shape  # the envs' frames tiled 2 by 2: (12, 10, 3)
+    got = record_video(venv, tmp_path / "dask", length)
+    want = record_video(ref, tmp_path / "dummy", length)
+    # SB3 records the frame after reset and one after each step, until it has length + 1
+    assert len(got) == len(want) == length + 1, (len(got), len(want))
+    assert all(f.shape == shape for f in got), [f.shape for f in got]
+    assert len({f.tobytes() for f in want}) > 1  # the picture changes from step to step
+    # the same frames went into the same encoder: the same video, up to the codec's rounding
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        diff = np.abs(a.astype(int) - b.astype(int)).max()
+        assert diff <= 2, f"frame {i} differs from DummyVecEnv's by up to {diff}"

@@ -9,6 +9,7 @@ the action as reward and ends episodes after ``horizon`` steps).
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from envs import CountingEnv
+from scripted_envs import ScriptedEnv
 
 from daskvec import dashboard, metrics
 from daskvec.metrics import CLIENT_TOPIC, WORKER_METRICS, ClientTimer, GroupStats
@@ -157,15 +159,20 @@ def test_importing_daskvecenv_installs_the_page() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=110)
 
 
-# --------------------------------------------------------------------------- one cluster
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
+# --------------------------------------------------------------------------- clusters
+def _local_cluster() -> Any:
     from distributed import LocalCluster
 
-    dashboard.install()  # before the scheduler starts, as ``import daskvec.vec_env`` does
-    with LocalCluster(
+    dashboard.install()  # before the scheduler starts, as reaching for daskvec.DaskVecEnv does
+    return LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0", silence_logs=40
-    ) as c:
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """The cluster of the ``stepped`` tests: its DaskVecEnv is never closed by a test."""
+    with _local_cluster() as c:
         yield c
 
 
@@ -177,7 +184,78 @@ def client(cluster: Any) -> Iterator[Any]:
         yield c
 
 
-def test_page_before_any_env_says_so(cluster: Any, client: Any) -> None:
+@pytest.fixture
+def fresh() -> Iterator[tuple[Any, Any]]:
+    """A cluster of the test's own, for figures that must start from zero: ``(cluster, client)``."""
+    from distributed import Client
+
+    with _local_cluster() as c, Client(c, direct_to_workers=True, set_as_default=False) as cl:
+        yield c, cl
+
+
+class Stepped:
+    """A DaskVecEnv of ``N_ENVS`` ``CountingEnv`` stepped ``n`` times with action 1 so far."""
+
+    def __init__(self, env: Any, scheduler: Any) -> None:
+        self.env = env
+        self.scheduler = scheduler
+        self.n = 0
+        self.ones = np.ones(env.num_envs, dtype=np.int64)
+        self.per_worker: dict[str, int] = {}
+        for g in env.groups:
+            self.per_worker[g["worker"]] = self.per_worker.get(g["worker"], 0) + len(g["envs"])
+
+    @classmethod
+    def start(cls, client: Any, scheduler: Any) -> Stepped:
+        """Make the env, step it until it has logged its time split once, and wait for the heartbeats."""
+        from daskvec import DaskVecEnv
+
+        env = DaskVecEnv([lambda: CountingEnv(horizon=HORIZON) for _ in range(N_ENVS)], client=client, timeout=60)
+        try:
+            env.reset()
+            s = cls(env, scheduler)
+            deadline = time.monotonic() + 60
+            # step until the vec env has logged its time split once (every 2 s while stepping)
+            while s.n < MIN_STEPS or not s.reported():
+                s.step(1)
+                assert time.monotonic() < deadline, "the DaskVecEnv never reported to the scheduler"
+            s.wait_heartbeats()
+        except BaseException:
+            env.close()
+            raise
+        return s
+
+    def step(self, count: int) -> None:
+        for _ in range(count):
+            self.env.step(self.ones)
+            self.n += 1
+
+    def reported(self) -> bool:
+        return any(m.get("id") == self.env.timer.id for _, m in self.scheduler.get_events(CLIENT_TOPIC))
+
+    def wait_heartbeats(self) -> None:
+        """Block until every worker's heartbeat counts all ``n`` steps."""
+
+        def arrived() -> bool:
+            return all(
+                self.scheduler.workers[w].metrics.get("daskvec_steps") == k * self.n
+                for w, k in self.per_worker.items()
+            )
+
+        wait_until(arrived, 30, "heartbeats with every step")
+
+
+@pytest.fixture(scope="module")
+def stepped(cluster: Any, client: Any) -> Iterator[Stepped]:
+    s = Stepped.start(client, cluster.scheduler)
+    try:
+        yield s
+    finally:
+        s.env.close()
+
+
+def test_page_before_any_env_says_so(fresh: tuple[Any, Any]) -> None:
+    cluster, _ = fresh
     page = dashboard.DaskvecDashboard(cluster.scheduler)
     page.update()
     assert "No DaskVecEnv is running on this cluster yet" in page.status.text
@@ -188,56 +266,24 @@ def test_page_before_any_env_says_so(cluster: Any, client: Any) -> None:
     assert list(page.throughput.source.data["steps_per_s"]) == [0.0]
 
 
-class Stepped:
-    """A DaskVecEnv that stepped ``n`` times with action 1 and has reported to the scheduler."""
-
-    def __init__(self, env: Any, n: int) -> None:
-        self.env = env
-        self.n = n
-        self.per_worker: dict[str, int] = {}
-        for g in env.groups:
-            self.per_worker[g["worker"]] = self.per_worker.get(g["worker"], 0) + len(g["envs"])
-
-
-@pytest.fixture(scope="module")
-def stepped(cluster: Any, client: Any) -> Iterator[Stepped]:
-    from daskvec import DaskVecEnv
-
-    env = DaskVecEnv([lambda: CountingEnv(horizon=HORIZON) for _ in range(N_ENVS)], client=client, timeout=60)
-    try:
-        env.reset()
-        ones = np.ones(N_ENVS, dtype=np.int64)
-        scheduler = cluster.scheduler
-
-        def reported() -> bool:
-            return any(m.get("id") == env.timer.id for _, m in scheduler.get_events(CLIENT_TOPIC))
-
-        n = 0
-        deadline = time.monotonic() + 60
-        # step until the vec env has logged its time split once (every 2 s while stepping)
-        while n < MIN_STEPS or not reported():
-            env.step(ones)
-            n += 1
-            assert time.monotonic() < deadline, "the DaskVecEnv never reported to the scheduler"
-        s = Stepped(env, n)
-
-        def heartbeats_arrived() -> bool:
-            return all(
-                scheduler.workers[w].metrics.get("daskvec_steps") == k * n for w, k in s.per_worker.items()
-            )
-
-        wait_until(heartbeats_arrived, 30, "heartbeats with every step")
-        yield s
-    finally:
-        env.close()
-
-
 def test_page_per_worker_figures_while_running(cluster: Any, stepped: Stepped) -> None:
     scheduler = cluster.scheduler
     page = dashboard.DaskvecDashboard(scheduler)
+    assert len(stepped.per_worker) == 2, "the envs should be spread over both workers"
+
+    def rate_shown() -> bool:
+        # a rate covers the last 5 s: step while polling, so that it never depends on
+        # how long ago (or in which order) the other tests stepped the shared env
+        stepped.step(1)
+        page.update()
+        rates = dict(zip(page.source.data["address"], page.source.data["steps_per_s"], strict=True))
+        return all(rates[w] > 0 for w in stepped.per_worker)
+
+    wait_until(rate_shown, 60, "a positive env-steps/s on every worker while stepping")
+    assert page.throughput.source.data["steps_per_s"][-1] == pytest.approx(sum(page.source.data["steps_per_s"]))
+    stepped.wait_heartbeats()  # stopped: the counters settle on the steps taken
     page.update()
     n = stepped.n
-    assert len(stepped.per_worker) == 2, "the envs should be spread over both workers"
     assert page.status.text.startswith("1 DaskVecEnv running: 4 envs in 2 env groups on 2 workers")
     data = page.source.data
     rows = {a: i for i, a in enumerate(data["address"])}
@@ -245,7 +291,6 @@ def test_page_per_worker_figures_while_running(cluster: Any, stepped: Stepped) -
     for w, k in stepped.per_worker.items():
         i = rows[w]
         assert data["envs"][i] == k
-        assert data["steps_per_s"][i] > 0
         assert 0 < data["step_p50_ms"][i] <= data["step_p99_ms"][i]
         assert data["episodes"][i] == k * (n // HORIZON)
         assert data["mean_return"][i] == pytest.approx(float(HORIZON))  # reward = action = 1 per step
@@ -273,6 +318,7 @@ def test_page_per_worker_figures_while_running(cluster: Any, stepped: Stepped) -
 
 
 def test_workers_page_shows_the_figures_as_columns(cluster: Any, stepped: Stepped) -> None:
+    stepped.wait_heartbeats()  # settled, whatever the tests before it stepped
     from distributed.dashboard.components.scheduler import WorkerTable
 
     table = WorkerTable(cluster.scheduler)
@@ -286,6 +332,7 @@ def test_workers_page_shows_the_figures_as_columns(cluster: Any, stepped: Steppe
 
 
 def test_prometheus_collector_per_worker(cluster: Any, stepped: Stepped) -> None:
+    stepped.wait_heartbeats()  # settled, whatever the tests before it stepped
     collector = dashboard.PrometheusCollector(lambda: [cluster.scheduler])
     families = {f.name: f for f in collector.collect()}
     assert {f.name + ("_total" if f.type == "counter" else "") for f in families.values()} == set(
@@ -308,6 +355,7 @@ def test_prometheus_collector_per_worker(cluster: Any, stepped: Stepped) -> None
 
 @pytest.mark.timeout(120)
 def test_http_every_route_and_metric(cluster: Any, stepped: Stepped) -> None:
+    stepped.wait_heartbeats()  # settled, whatever the tests before it stepped
     port = cluster.scheduler.http_server.port
     for route in dashboard.ROUTES:
         status, body = http_get(port, route)
@@ -356,12 +404,16 @@ def test_repr_html_lists_workers_and_envs(stepped: Stepped) -> None:
         assert f"{g['envs'][0]}-{g['envs'][-1]}" in html
 
 
-def test_page_after_close_says_so(cluster: Any, stepped: Stepped) -> None:
+def test_page_after_close_says_so(fresh: tuple[Any, Any]) -> None:
+    cluster, client = fresh
     scheduler = cluster.scheduler
-    page = dashboard.DaskvecDashboard(scheduler)
-    page.update()
-    assert page.last is not None and page.last.running
-    stepped.env.close()
+    stepped = Stepped.start(client, scheduler)  # its own env: closing it leaves the other tests alone
+    try:
+        page = dashboard.DaskvecDashboard(scheduler)
+        page.update()
+        assert page.last is not None and page.last.running
+    finally:
+        stepped.env.close()
     assert "closed" in stepped.env._repr_html_()
 
     def emptied() -> bool:
@@ -381,3 +433,122 @@ def test_page_after_close_says_so(cluster: Any, stepped: Stepped) -> None:
     assert page.throughput.source.data["steps_per_s"][-1] == 0.0
     status, _ = http_get(scheduler.http_server.port, "/individual-daskvec")
     assert status == 200
+
+
+# --------------------------------------------------------------------------- known figures, end to end
+def prometheus_labelled(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``{(name, labels): value}`` for every sample line of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        if m and not line.startswith("#"):
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def per_worker_envs(env: Any) -> dict[str, list[int]]:
+    """``{worker address: [env indices]}`` of a DaskVecEnv."""
+    out: dict[str, list[int]] = {}
+    for g in env.groups:
+        out.setdefault(g["worker"], []).extend(g["envs"])
+    return out
+
+
+FAIL_AT = 3  # env 0 raises on its 3rd step
+
+
+@pytest.mark.parametrize("env_process", [False, True], ids=["in-worker", "env-process"])
+def test_env_error_and_restart_reach_heartbeat_page_and_prometheus(fresh: tuple[Any, Any], env_process: bool) -> None:
+    """One real env error, handled by one restart, counted once on every path to the user."""
+    from daskvec import DaskVecEnv
+
+    cluster, client = fresh
+    scheduler = cluster.scheduler
+    fns = [lambda: ScriptedEnv(fail_at=FAIL_AT)] + [lambda: ScriptedEnv() for _ in range(N_ENVS - 1)]
+    env = DaskVecEnv(fns, client=client, on_env_error="restart", env_process=env_process, timeout=60)
+    try:
+        env.reset()
+        placement = per_worker_envs(env)
+        assert len(placement) == 2, "the envs should be spread over both workers"
+        for _ in range(FAIL_AT):  # the rebuilt env would fail only FAIL_AT steps later
+            _, _, dones, infos = env.step(np.zeros(N_ENVS, dtype=np.int64))
+        assert dones[0] and infos[0]["daskvec"]["reason"] == "env_error"
+        expected = {w: (1 if 0 in idx else 0) for w, idx in placement.items()}
+
+        def arrived() -> bool:
+            return all(scheduler.workers[w].metrics.get("daskvec_steps") == len(idx) * FAIL_AT
+                       for w, idx in placement.items())
+
+        wait_until(arrived, 30, "heartbeats with every step")
+        # 1. the heartbeat brought them to the scheduler
+        for w, k in expected.items():
+            m = scheduler.workers[w].metrics
+            assert (m["daskvec_errors"], m["daskvec_restarts"]) == (k, k), (w, m)
+        # 2. the daskvec page shows them
+        page = dashboard.DaskvecDashboard(scheduler)
+        page.update()
+        data = page.source.data
+        rows = {a: i for i, a in enumerate(data["address"])}
+        for w, k in expected.items():
+            assert (data["errors"][rows[w]], data["restarts"][rows[w]]) == (k, k), w
+        # 3. and so does /metrics
+        samples = prometheus_labelled(http_get(scheduler.http_server.port, "/metrics")[1])
+        for w, k in expected.items():
+            assert samples[("dask_daskvec_env_errors_total", frozenset({("worker", w)}))] == k, w
+            assert samples[("dask_daskvec_env_restarts_total", frozenset({("worker", w)}))] == k, w
+    finally:
+        env.close()
+
+
+SCRIPT = (1.0, 2.0, 3.0, 10.0)  # episode returns: mean 4, max 10
+SLOW_EVERY, SLOW_S = 4, 0.05  # every 4th step of each env sleeps 50 ms first
+
+
+def test_known_returns_and_step_times_reach_page_and_prometheus(fresh: tuple[Any, Any]) -> None:
+    """Mean return and step-time percentiles on the page and /metrics equal the ones computed here."""
+    from daskvec import DaskVecEnv
+
+    cluster, client = fresh
+    scheduler = cluster.scheduler
+    fns = [lambda: ScriptedEnv(returns=SCRIPT, slow_every=SLOW_EVERY, slow_s=SLOW_S) for _ in range(N_ENVS)]
+    env = DaskVecEnv(fns, client=client, timeout=60)
+    try:
+        env.reset()
+        placement = per_worker_envs(env)
+        steps = 2 * len(SCRIPT)  # one-step episodes: each env runs the script twice
+        for _ in range(steps):
+            env.step(np.zeros(N_ENVS, dtype=np.int64))
+
+        def arrived() -> bool:
+            return all(scheduler.workers[w].metrics.get("daskvec_steps") == len(idx) * steps
+                       for w, idx in placement.items())
+
+        wait_until(arrived, 30, "heartbeats with every step")
+
+        def live_latencies() -> list[float]:  # the step times the worker recorded (pickled by value)
+            return [x for g in metrics._live() if g.n_envs > 0 for x in g.latencies]
+
+        recorded = client.run(live_latencies)
+        page = dashboard.DaskvecDashboard(scheduler)
+        page.update()
+        data = page.source.data
+        rows = {a: i for i, a in enumerate(data["address"])}
+        samples = prometheus_labelled(http_get(scheduler.http_server.port, "/metrics")[1])
+        for w in placement:
+            lat = recorded[w]
+            assert len(lat) == steps
+            p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+            assert p99 >= SLOW_S and p50 < p99  # a quarter of the calls slept: p99 is one of them
+            i = rows[w]
+            assert data["mean_return"][i] == pytest.approx(float(np.mean(SCRIPT)))
+            assert data["episodes"][i] == len(placement[w]) * steps
+            assert data["step_p50_ms"][i] == pytest.approx(p50 * 1e3)
+            assert data["step_p99_ms"][i] == pytest.approx(p99 * 1e3)
+            label = ("worker", w)
+            assert samples[("dask_daskvec_mean_episode_return", frozenset({label}))] == pytest.approx(4.0)
+            q = "dask_daskvec_step_latency_seconds"
+            assert samples[(q, frozenset({label, ("quantile", "0.5")}))] == pytest.approx(p50)
+            assert samples[(q, frozenset({label, ("quantile", "0.99")}))] == pytest.approx(p99)
+    finally:
+        env.close()

@@ -98,6 +98,24 @@ def live_workers(procs: DaskProcesses) -> list[Any]:
     return [p for p in procs.workers if p.poll() is None]
 
 
+def documented_seed(env_index: int, restarts: int, base_seed: int | None) -> int:
+    """The seed docs/fault-tolerance.md promises a rebuilt env, computed from the formula given there.
+
+    Deliberately not :func:`daskvec.worker.restart_seed`: a broken ``restart_seed`` must
+    not break the expectation with it.
+    """
+    entropy = [0 if base_seed is None else base_seed & 0xFFFFFFFF, env_index, restarts]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def assert_seeded_with(env: DaskVecEnv, obs: np.ndarray, i: int, seed: int) -> None:
+    """Rebuilt env ``i`` was reset exactly once, with ``seed``: by its own record and by its observation."""
+    assert env.get_attr("reset_seeds", [i]) == [[seed]], f"env {i} was not reset with the seed {seed}"
+    assert env.reset_infos[i]["seeded"] == seed
+    fresh, _ = CountingEnv(horizon=1000).reset(seed=seed)
+    np.testing.assert_array_equal(obs[i], fresh, err_msg=f"env {i}'s first observation")
+
+
 def ensure_workers(procs: DaskProcesses, n: int) -> None:
     """Bring the module's cluster back to exactly ``n`` live worker processes."""
     from distributed import Client
@@ -177,6 +195,42 @@ def test_sigkill_worker_during_ppo_learn(procs: DaskProcesses) -> None:
         assert len({g["worker"] for g in env.groups}) == 2
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("user_seed", [None, 11])
+def test_lost_envs_get_reward_zero_and_the_documented_seed(procs: DaskProcesses, user_seed: int | None) -> None:
+    """Envs lost with their worker, twice: reward 0 in the truncation row, reseeded as documented each time."""
+    ensure_workers(procs, 3)
+    with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, envs_per_actor=2,
+                    timeout=60, worker_wait_timeout=60) as env:
+        if user_seed is not None:
+            env.seed(user_seed)
+        env.reset()
+        base = [None if user_seed is None else user_seed + i for i in range(4)]
+        assert env.get_attr("reset_seeds") == [[b] for b in base]
+        actions = np.array([1, 2, 2, 1])  # CountingEnv's reward is the action: no env's last reward is 0
+        seen = []
+        for restarts in (1, 2):
+            assert env.step(actions)[1].tolist() == actions.tolist()
+            held = group_pids(env)
+            victim = next(pid for pid, envs in held.items() if 0 in envs)
+            assert sorted(held[victim]) == [0, 1]
+            # the first time the envs go to the idle third worker, the second time to the last one
+            procs.kill_worker(process_of(procs, victim))
+            obs, rews, dones, infos = env.step(actions)
+            m = markers(infos)
+            assert sorted(m) == [0, 1]
+            assert rews.tolist() == [0.0, 0.0, 2.0, 1.0]  # the lost envs' step never happened
+            assert dones.tolist() == [True, True, False, False]
+            for i in (0, 1):
+                seed = documented_seed(i, restarts, base[i])
+                assert_seeded_with(env, obs, i, seed)
+                assert (m[i]["reason"], m[i]["restarts"], m[i]["seed"]) == ("worker_lost", restarts, seed)
+            seen.append(env.get_attr("reset_seeds", [0])[0][0])
+        assert seen[0] != seen[1]  # a second rebuild is not a replay of the first
+        assert env.restart_counts.tolist() == [2, 2, 0, 0]
+        assert_layout_intact(env)
+
+
 # --------------------------------------------------------------------------- crashing env
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["raise", "restart"])
@@ -218,6 +272,35 @@ def test_env_raising_on_its_50th_step(client2: Any, policy: str) -> None:
         with pytest.raises(EnvRestartBudgetExceeded, match="max_restarts=1") as budget:
             env.step(actions)
         assert budget.value.env_index == 1 and budget.value.restarts == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("user_seed", [None, 7])
+def test_env_rebuilt_after_errors_gets_the_documented_seeds(client2: Any, user_seed: int | None) -> None:
+    """Env 1 raises on its 3rd step, and so does each rebuilt env 1: two restarts, two documented seeds."""
+    fns = [functools.partial(CountingEnv, horizon=1000, fail_at=3 if i == 1 else None) for i in range(4)]
+    with DaskVecEnv(fns, client=client2, envs_per_actor=2, on_env_error="restart", max_restarts=2,
+                    timeout=60) as env:
+        if user_seed is not None:
+            env.seed(user_seed)
+        env.reset()
+        base = None if user_seed is None else user_seed + 1
+        actions = np.full(4, 2, dtype=np.int64)
+        seen = []
+        for restarts in (1, 2):
+            for _ in range(2):
+                _, _, dones, infos = env.step(actions)
+                assert not dones.any() and not markers(infos)
+            obs, rews, dones, infos = env.step(actions)  # env 1 raises
+            m = markers(infos)
+            assert list(m) == [1] and m[1]["reason"] == "env_error" and m[1]["restarts"] == restarts
+            assert dones.tolist() == [False, True, False, False] and rews.tolist() == [2.0, 0.0, 2.0, 2.0]
+            seed = documented_seed(1, restarts, base)
+            assert_seeded_with(env, obs, 1, seed)
+            assert m[1]["seed"] == seed
+            seen.append(env.get_attr("reset_seeds", [1])[0][0])
+        assert seen[0] != seen[1]  # a second restart is not a replay of the first
+        assert env.error_restarts.tolist() == [0, 2, 0, 0]
 
 
 # --------------------------------------------------------------------------- scale-down

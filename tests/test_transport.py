@@ -1,20 +1,26 @@
-"""The transport on its own: message encoding, Unix and TCP sockets, and the busy poll.
+"""The transport on its own: message encoding, Unix and TCP sockets, the handshake and the busy poll.
 
 These run a real :class:`ChannelServer` on threads of the test process and talk to it
-through :class:`DirectChannel`, so CPU time spent polling shows in the CPU clocks of
-the server's connection threads. Bounds are on CPU seconds with wide margins, not on
-wall-clock speed.
+through :class:`DirectChannel`, or through raw sockets that speak the handshake
+themselves. The busy-poll tests check the server's decision to poll (its ``polls`` and
+``poll_hits`` counts), not CPU time, so that a loaded machine does not change the result.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import os
 import secrets
+import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -164,15 +170,149 @@ def test_both_sockets_carry_arrays(server: ChannelServer, family: str) -> None:
     ch.close()
 
 
-def test_wrong_token_and_missing_socket_fail_clearly(server: ChannelServer) -> None:
-    assert server.unix_path is not None
-    with pytest.raises(ChannelError, match=r"failed authentication|handshake"):
-        DirectChannel(server.unix_path, secrets.token_bytes(32), connect_timeout=5)
-    path = server.unix_path
-    server.close()
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return condition()
+        time.sleep(0.01)
+    return True
+
+
+def test_wrong_token_and_missing_socket_fail_clearly() -> None:
+    calls: list[object] = []
+
+    def recording(request: object) -> object:
+        calls.append(request)
+        return ("ok", request)
+
+    server = ChannelServer("127.0.0.1", TOKEN, recording, name="test")
+    try:
+        assert server.unix_path is not None
+        for address in (server.unix_path, server.address):
+            with pytest.raises(ChannelError, match=r"handshake with .* failed"):
+                DirectChannel(address, secrets.token_bytes(32), connect_timeout=5)
+        # the server itself refused both: the client's own check of the server never came into it
+        assert wait_until(lambda: server.refused == 2), f"{server.refused} refused connections, not 2"
+        # a stranger that answers the challenge wrongly and sends a request anyway gets nothing back
+        with socket.create_connection(server.address, timeout=10) as sock:
+            nonce = recv_exact(sock, 32)
+            proof = hmac.new(secrets.token_bytes(32), b"client" + nonce, hashlib.sha256).digest()
+            sock.sendall(proof + secrets.token_bytes(32))
+            sock.sendall(b"".join(bytes(memoryview(f).cast("B")) for f in encode(("step", (1,)))))
+            assert read_to_end(sock) == b"", "the server answered a peer that failed its challenge"
+        assert wait_until(lambda: server.refused == 3), f"{server.refused} refused connections, not 3"
+        assert calls == []  # no request of a refused peer reached the handler
+        good = DirectChannel(server.address, TOKEN)
+        good.send(("step", (1,)))
+        assert good.recv(10) == ("ok", ("step", (1,))) and len(calls) == 1
+        good.close()
+        path = server.unix_path
+    finally:
+        server.close()
     assert not os.path.exists(os.path.dirname(path))  # the private directory goes with the server
     with pytest.raises(ChannelError, match=r"cannot connect to .*channel"):
         DirectChannel(path, TOKEN, connect_timeout=5)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes (a reset, when it dropped our unread bytes, ends it too)."""
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+class FakeServer:
+    """A listener that speaks the server's side of the handshake by hand, with a proof chosen by the test.
+
+    The handshake, byte for byte: the server sends a 32-byte nonce; the client answers
+    with HMAC-SHA256(token, b"client" + server nonce) and a 32-byte nonce of its own;
+    the server proves itself with HMAC-SHA256(token, b"server" + client nonce). The
+    fake records whether the client's proof was right and every byte the client sent
+    after the handshake, until the client closes.
+    """
+
+    def __init__(self, prove: Callable[[bytes, bytes], bytes]) -> None:
+        self.prove = prove
+        self.client_proof_ok: bool | None = None
+        self.after_handshake = b""
+        self.error: BaseException | None = None
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._thread = threading.Thread(target=self._serve, name="fake-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self._sock.settimeout(20)
+            conn, _ = self._sock.accept()
+            with conn:
+                conn.settimeout(20)
+                server_nonce = secrets.token_bytes(32)
+                conn.sendall(server_nonce)
+                answer = recv_exact(conn, 64)
+                proof, client_nonce = answer[:32], answer[32:]
+                expected = hmac.new(TOKEN, b"client" + server_nonce, hashlib.sha256).digest()
+                self.client_proof_ok = hmac.compare_digest(proof, expected)
+                conn.sendall(self.prove(proof, client_nonce))
+                self.after_handshake = read_to_end(conn)
+        except BaseException as e:  # reported by join()
+            self.error = e
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+        self._sock.close()
+        assert not self._thread.is_alive(), "the fake server never saw the client close"
+        assert self.error is None, f"fake server failed: {self.error!r}"
+
+
+def _right_proof(client_proof: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(TOKEN, b"server" + client_nonce, hashlib.sha256).digest()
+
+
+def _other_token(client_proof: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secrets.token_bytes(32), b"server" + client_nonce, hashlib.sha256).digest()
+
+
+def _reflected(client_proof: bytes, client_nonce: bytes) -> bytes:
+    return client_proof  # the client's own proof sent back: right length, right token, wrong role
+
+
+def test_fake_server_speaks_the_handshake() -> None:
+    """The fake server below, given the right proof, is a server DirectChannel accepts."""
+    fake = FakeServer(_right_proof)
+    ch = DirectChannel(fake.address, TOKEN, connect_timeout=10)
+    ch.send(("step", (1,)))
+    ch.close()
+    fake.join()
+    assert fake.client_proof_ok is True
+    assert fake.after_handshake == b"".join(bytes(memoryview(f).cast("B")) for f in encode(("step", (1,))))
+
+
+@pytest.mark.parametrize("prove", [_other_token, _reflected], ids=["other-token", "reflected"])
+def test_client_refuses_a_server_that_cannot_prove_the_token(prove: Callable[[bytes, bytes], bytes]) -> None:
+    fake = FakeServer(prove)
+    host, port = fake.address
+    with pytest.raises(ChannelError, match=rf"peer at {host}:{port} failed authentication"):
+        DirectChannel(fake.address, TOKEN, connect_timeout=10)
+    fake.join()
+    assert fake.client_proof_ok is True  # the client did its part of the handshake
+    assert fake.after_handshake == b"", "the client sent a request to a server that failed its proof"
 
 
 def test_no_unix_socket_when_not_wanted() -> None:
@@ -181,7 +321,32 @@ def test_no_unix_socket_when_not_wanted() -> None:
         assert srv.unix_path is None
     finally:
         srv.close()
-    assert machine_id() == machine_id() and "/" in machine_id()
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+@pytest.mark.skipif(not BOOT_ID.exists(), reason="Linux only: the kernel's boot id")
+def test_machine_id_is_the_host_name_and_the_boot_id() -> None:
+    assert machine_id() == f"{socket.gethostname()}/{BOOT_ID.read_text().strip()}"
+
+
+def test_machine_id_differs_on_another_host() -> None:
+    """A process whose host name differs (another container, another node) gets another id."""
+    code = "from daskvec.transport import machine_id; print(machine_id())"
+    # a new UTS namespace: the same kernel, another host name (unprivileged via a user namespace)
+    cmd = ["unshare", "--user", "--map-root-user", "--uts", "sh", "-c",
+           'hostname daskvec-elsewhere && exec "$0" -c "$1"', sys.executable, code]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    if out.returncode != 0:
+        pytest.skip(f"cannot make a UTS namespace here: {out.stderr.strip()}")
+    here = machine_id()
+    there = out.stdout.strip()
+    assert there.startswith("daskvec-elsewhere/") and there != here
+    assert there.split("/", 1)[1] == here.split("/", 1)[1]  # the same kernel: the same boot id
 
 
 def test_bad_busy_poll() -> None:
@@ -189,42 +354,52 @@ def test_bad_busy_poll() -> None:
         ChannelServer("127.0.0.1", TOKEN, echo, busy_poll=-1)
 
 
-def _server_cpu() -> float:
-    """CPU seconds used so far by the test server's connection threads (and only them:
-    the test process may also hold a Dask cluster with busy threads of its own)."""
-    threads = [t for t in threading.enumerate() if t.name == "test-conn" and t.ident is not None]
-    return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads)  # type: ignore[arg-type]
-
-
-def _rounds(channels: list[DirectChannel], n: int, gap: float) -> float:
+def _rounds(server: ChannelServer, channels: list[DirectChannel], n: int, gap: float) -> tuple[int, int]:
     """Step ``channels`` ``n`` times, pausing ``gap`` s between replies and the next
-    requests; return the CPU seconds the server's connection threads used meanwhile."""
-    cpu = _server_cpu()
+    requests; return how many times the server busy-polled meanwhile, and how many of
+    those polls found the request."""
+    polls, hits = server.polls, server.poll_hits
     for _ in range(n):
         for ch in channels:
             ch.send(("step", (1,)))
         for ch in channels:
             ch.recv(10)
-        time.sleep(gap)
-    return _server_cpu() - cpu
+        if gap:
+            time.sleep(gap)  # the client's "think time", not synchronisation
+    return server.polls - polls, server.poll_hits - hits
+
+
+#: The server's poll budget in these tests (the largest allowed). Slow rounds pause
+#: longer than this, so the server sees each of their requests arrive late whatever the
+#: load; quick rounds pause a fifth of it, long enough that only a poll that waits finds
+#: the request, and need the request to come within the budget only most times.
+BUDGET = 0.1
+QUICK = BUDGET / 5
+SLOW = 2 * BUDGET
+N = 20
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("server", [0.05], indirect=True)
+@pytest.mark.parametrize("server", [BUDGET], indirect=True)
 def test_busy_poll_only_while_the_client_is_quick(server: ChannelServer) -> None:
+    from daskvec.transport.server import _POLL_MISSES
+
     assert server.unix_path is not None
     ch = DirectChannel(server.unix_path, TOKEN)
-    _rounds([ch], 2, 0.0)
-    # the client answers within the budget: the server polls through each pause
-    quick = _rounds([ch], 20, 0.03)
-    assert quick > 0.25 * 20 * 0.03, f"only {quick:.3f} CPU s: the server did not poll"
-    # a slow client (gaps past the budget): polling stops after a few misses
-    _rounds([ch], 10, 0.2)
-    slow = _rounds([ch], 10, 0.2)
-    assert slow < 0.1, f"{slow:.3f} CPU s over 10 slow rounds: the server kept polling"
+    assert _rounds(server, [ch], 2, 0.0)[0] <= 1  # no poll before the first quick request
+    # the client answers within the budget: the server polls for (nearly) every request,
+    # and the poll, not the blocking receive, picks it up
+    polls, hits = _rounds(server, [ch], N, QUICK)
+    assert polls >= N // 2 and hits >= N // 2, f"{polls} polls, {hits} found the request, in {N} quick rounds"
+    # a slow client: every request after the first of these rounds comes late, and after
+    # _POLL_MISSES of them polling stops
+    polls, _ = _rounds(server, [ch], _POLL_MISSES + 2, SLOW)
+    assert 1 <= polls <= _POLL_MISSES + 1, f"{polls} polls in {_POLL_MISSES + 2} slow rounds"
+    polls, _ = _rounds(server, [ch], 5, SLOW)
+    assert polls == 0, f"the server kept polling for a slow client ({polls} polls in 5 slow rounds)"
     # quick again: polling resumes
-    again = _rounds([ch], 20, 0.03)
-    assert again > 0.25 * 20 * 0.03, f"only {again:.3f} CPU s: polling did not resume"
+    polls, hits = _rounds(server, [ch], N, QUICK)
+    assert polls >= N // 2 and hits >= N // 2, f"polling did not resume: {polls} polls, {hits} hits in {N} rounds"
     ch.close()
 
 
@@ -232,21 +407,39 @@ def test_busy_poll_only_while_the_client_is_quick(server: ChannelServer) -> None
 @pytest.mark.parametrize("server", [0.0], indirect=True)
 def test_no_busy_poll_when_off(server: ChannelServer) -> None:
     ch = DirectChannel(server.address, TOKEN)
-    _rounds([ch], 2, 0.0)
-    assert _rounds([ch], 20, 0.03) < 0.1
+    assert _rounds(server, [ch], N + 2, QUICK) == (0, 0)
     ch.close()
+    # the same client on a server with a budget: there it polls (the test can see a poll)
+    on = ChannelServer("127.0.0.1", TOKEN, echo, name="test", busy_poll=BUDGET)
+    try:
+        ch = DirectChannel(on.address, TOKEN)
+        polls, hits = _rounds(on, [ch], N + 2, QUICK)
+        assert polls >= N // 2 and hits >= N // 2, f"{polls} polls, {hits} hits with busy_poll={BUDGET}"
+        ch.close()
+    finally:
+        on.close()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("server", [0.05], indirect=True)
+@pytest.mark.parametrize("server", [BUDGET], indirect=True)
 def test_two_quick_connections_do_not_poll(server: ChannelServer) -> None:
     # two groups stepping in one process would fight each other for the GIL while polling
     assert server.unix_path is not None
-    chs = [DirectChannel(server.unix_path, TOKEN), DirectChannel(server.address, TOKEN)]
-    _rounds(chs, 3, 0.0)
-    assert _rounds(chs, 20, 0.03) < 0.15
-    for ch in chs:
-        ch.close()
+    one = DirectChannel(server.unix_path, TOKEN)
+    _rounds(server, [one], 2, 0.0)
+    polls, _ = _rounds(server, [one], N, QUICK)
+    assert polls >= N // 2, f"one quick connection alone: only {polls} polls in {N} rounds"
+    two = DirectChannel(server.address, TOKEN)
+    _rounds(server, [one, two], 3, 0.0)  # both become hot
+    polls, _ = _rounds(server, [one, two], N, QUICK)
+    # each connection would poll before each of its N requests; allow a few polls for
+    # rounds in which the machine held one connection's request past the budget
+    assert polls <= N // 4, f"{polls} polls in {N} rounds of two quick connections"
+    two.close()
+    _rounds(server, [one], 2, 0.0)  # the closed connection is no longer hot
+    polls, _ = _rounds(server, [one], N, QUICK)
+    assert polls >= N // 2, f"alone again: only {polls} polls in {N} rounds"
+    one.close()
 
 
 class InfoEnv(gym.Env[np.ndarray, int]):
