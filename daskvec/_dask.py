@@ -10,8 +10,8 @@ Bokeh application); they are listed in the docstring of :mod:`daskvec.dashboard`
 ``distributed.dashboard.scheduler.applications`` (where pages are registered, as
 Dask's own docs describe for preloads), the dashboard's Jinja template variables (the
 navigation link), ``distributed.dashboard.components`` (the component base class and
-theme Dask's own pages use) and ``Scheduler._instances`` (the schedulers of this
-process, to find the one whose page is being rendered by the Prometheus collector).
+theme Dask's own pages use) and ``Scheduler._instances`` (the schedulers running in
+this process, whose workers' figures the Prometheus collector reports).
 """
 
 from __future__ import annotations

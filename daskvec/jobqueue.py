@@ -387,49 +387,89 @@ def cluster_for_envs(
         If ``wait`` is given and the workers did not all join in time (the cluster
         is closed first).
     """
-    clash = sorted({"cores", "processes", "memory"} & set(cluster_kwargs))
-    if clash:
-        raise TypeError(
-            f"cluster_for_envs sets {', '.join(clash)} from the plan; use envs_per_worker, "
-            "processes_per_job, threads_per_process and memory_per_worker instead"
-        )
+    _refuse_planned_kwargs(cluster_kwargs)
     system = _config_name(cluster_cls, cluster_kwargs)
-    walltime = cluster_kwargs.get("walltime")
-    if walltime is None:
-        import dask
-
-        walltime = dask.config.get(f"jobqueue.{system}.walltime", None)
     plan = plan_jobs(
         n_envs,
         envs_per_worker=envs_per_worker,
         processes_per_job=processes_per_job,
         threads_per_process=threads_per_process,
         memory_per_worker=memory_per_worker,
-        walltime=walltime,
+        walltime=_walltime(system, cluster_kwargs),
         system=system,
         lifetime_margin=lifetime_margin,
         lifetime_stagger=lifetime_stagger,
         resource=resource,
     )
     user_args = [str(a) for a in cluster_kwargs.pop("worker_extra_args", None) or []]
-    ours = plan.worker_extra_args()
+    kwargs = {
+        **plan.cluster_kwargs(),
+        "worker_extra_args": _merge_worker_args(user_args, plan.worker_extra_args()),
+        **cluster_kwargs,
+    }
+    if system in _SHELL_SCRIPT_SYSTEMS:
+        kwargs["job_script_prologue"] = _prologue_without_profiler(system, kwargs.get("job_script_prologue"))
+    if scaling not in _SCALINGS:
+        raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
+    cluster = _start_scaled(cluster_cls, kwargs, plan, scaling=scaling, spare_jobs=spare_jobs, wait=wait)
+    logger.info(
+        "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
+        type(cluster).__name__, n_envs, plan.jobs, plan.processes_per_job, plan.cores_per_job, plan.memory_per_job,
+        f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
+    )
+    return cluster, plan
+
+
+def _refuse_planned_kwargs(cluster_kwargs: dict[str, Any]) -> None:
+    """Raise ``TypeError`` if the caller passed a cluster option that the plan sets."""
+    clash = sorted({"cores", "processes", "memory"} & set(cluster_kwargs))
+    if clash:
+        raise TypeError(
+            f"cluster_for_envs sets {', '.join(clash)} from the plan; use envs_per_worker, "
+            "processes_per_job, threads_per_process and memory_per_worker instead"
+        )
+
+
+def _walltime(system: str, cluster_kwargs: dict[str, Any]) -> Any:
+    """The jobs' walltime: ``walltime=`` of the caller, else dask-jobqueue's configuration."""
+    walltime = cluster_kwargs.get("walltime")
+    if walltime is None:
+        import dask
+
+        walltime = dask.config.get(f"jobqueue.{system}.walltime", None)
+    return walltime
+
+
+def _merge_worker_args(user_args: list[str], ours: list[str]) -> list[str]:
+    """The caller's worker arguments, then each of the plan's the caller did not give.
+
+    An explicit ``--lifetime`` of the caller's also drops the plan's ``--lifetime-stagger``.
+    """
     merged = list(user_args)
     for opt, value in zip(ours[::2], ours[1::2], strict=True):
         explicit_lifetime = opt == "--lifetime-stagger" and _has_option(user_args, "--lifetime")
         if not _has_option(user_args, opt) and not explicit_lifetime:
             merged += [opt, value]
-    kwargs = {**plan.cluster_kwargs(), "worker_extra_args": merged, **cluster_kwargs}
-    if system in _SHELL_SCRIPT_SYSTEMS:
-        # workers without Dask's stack-sampling profiler (see daskvec.worker.profiler_hazard);
-        # a prologue of the user's, or from the config, runs after this line and may undo it
-        prologue = kwargs.get("job_script_prologue")
-        if prologue is None:
-            import dask
+    return merged
 
-            prologue = dask.config.get(f"jobqueue.{system}.job-script-prologue", None) or []
-        kwargs["job_script_prologue"] = [NO_PROFILER_EXPORT, *prologue]
-    if scaling not in _SCALINGS:
-        raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
+
+def _prologue_without_profiler(system: str, prologue: list[str] | None) -> list[str]:
+    """The job script prologue, led by the line that turns Dask's profiler off.
+
+    Workers without Dask's stack-sampling profiler (see daskvec.worker.profiler_hazard);
+    a prologue of the user's, or from the config, runs after this line and may undo it.
+    """
+    if prologue is None:
+        import dask
+
+        prologue = dask.config.get(f"jobqueue.{system}.job-script-prologue", None) or []
+    return [NO_PROFILER_EXPORT, *prologue]
+
+
+def _start_scaled(
+    cluster_cls: Any, kwargs: dict[str, Any], plan: JobPlan, *, scaling: str, spare_jobs: int, wait: float | None
+) -> Any:
+    """Create the cluster and scale it for ``plan`` (unless ``scaling="none"``); close it if that fails."""
     cluster = cluster_cls(**kwargs)
     try:
         if scaling != "none":
@@ -438,12 +478,7 @@ def cluster_for_envs(
         with contextlib.suppress(Exception):
             cluster.close()
         raise
-    logger.info(
-        "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
-        type(cluster).__name__, n_envs, plan.jobs, plan.processes_per_job, plan.cores_per_job, plan.memory_per_job,
-        f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
-    )
-    return cluster, plan
+    return cluster
 
 
 def _processes_per_job(cluster: Any) -> int:

@@ -197,7 +197,7 @@ class RestartLedger:
         for pos, marker in restarted.items():
             i = group.env_indices[pos]
             self.restart_counts[i] += 1
-            self.error_restarts[i] = max(int(self.error_restarts[i]), int(marker.get("restarts", 0)))
+            self.error_restarts[i] += 1
             self.log.append({"env": i, "reason": "env_error", "worker": group.worker, "step": step})
 
     def next_seeds(self, indices: Sequence[int]) -> dict[int, int]:

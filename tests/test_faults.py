@@ -231,6 +231,40 @@ def test_lost_envs_get_reward_zero_and_the_documented_seed(procs: DaskProcesses,
         assert_layout_intact(env)
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("user_seed", [None, 11])
+def test_env_error_after_a_lost_worker_gets_the_documented_seed(procs: DaskProcesses, user_seed: int | None) -> None:
+    """Env 1 is rebuilt once with its lost worker, then raises: its second rebuild counts both.
+
+    The seed follows the documented formula with the env's total rebuild count (2) and
+    the user's seed, not the seed of its first rebuild, whichever side rebuilds it.
+    """
+    ensure_workers(procs, 3)
+    fns = [functools.partial(CountingEnv, horizon=1000, fail_at=4 if i == 1 else None) for i in range(4)]
+    with DaskVecEnv(fns, client=procs.address, envs_per_actor=2, on_env_error="restart", timeout=60,
+                    worker_wait_timeout=60) as env:  # fmt: skip
+        if user_seed is not None:
+            env.seed(user_seed)
+        env.reset()
+        base = None if user_seed is None else user_seed + 1
+        actions = np.ones(4, dtype=np.int64)
+        env.step(actions)
+        held = group_pids(env)
+        procs.kill_worker(process_of(procs, next(pid for pid, envs in held.items() if 1 in envs)))
+        obs, _, _, infos = env.step(actions)  # the envs of the lost worker are rebuilt
+        assert markers(infos)[1]["reason"] == "worker_lost"
+        assert_seeded_with(env, obs, 1, documented_seed(1, 1, base))
+        for _ in range(4):
+            obs, _, dones, infos = env.step(actions)
+        # the rebuilt env 1 raised on its 4th step and its group rebuilt it
+        m = markers(infos)
+        assert list(m) == [1] and m[1]["reason"] == "env_error" and dones[1]
+        seed = documented_seed(1, 2, base)
+        assert (m[1]["restarts"], m[1]["seed"]) == (2, seed)
+        assert_seeded_with(env, obs, 1, seed)
+        assert env.restart_counts.tolist()[:2] == [1, 2] and env.error_restarts.tolist()[1] == 1
+
+
 # --------------------------------------------------------------------------- crashing env
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["raise", "restart"])
