@@ -194,7 +194,7 @@ class RestartLedger:
 
     def env_errors(self, group: Group, restarted: dict[int, dict[str, Any]], step: int) -> None:
         """Record the envs that ``group`` rebuilt after their errors (positions to markers)."""
-        for pos, marker in restarted.items():
+        for pos in restarted:
             i = group.env_indices[pos]
             self.restart_counts[i] += 1
             self.error_restarts[i] += 1
