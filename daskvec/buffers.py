@@ -95,11 +95,13 @@ class StepBuffers:
         terminated, truncated = reply.terminated, reply.truncated
         self.dones[group.index] = terminated | truncated
         indices = group.env_indices
-        time_limit = (truncated & ~terminated).tolist()
         own, final, restarted = reply.infos, reply.final_obs, reply.restarted
+        # most steps end no episode: skip the array work then
+        ended = bool(final or restarted) or bool(truncated.any())
+        time_limit = (truncated & ~terminated).tolist() if ended else None
         for pos, i in enumerate(indices):
             info = dict(own[pos]) if pos in own else {}
-            info["TimeLimit.truncated"] = time_limit[pos]
+            info["TimeLimit.truncated"] = time_limit[pos] if time_limit is not None else False
             if pos in final:
                 info["terminal_observation"] = final[pos]
             if pos in restarted:

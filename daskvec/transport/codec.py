@@ -183,15 +183,18 @@ def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | Non
         return None
     flags = bytearray(terminated.tobytes())  # _TERMINATED is bit 0
     final: list[np.ndarray] = []
-    row_shape = obs.shape[1:]
-    for pos in sorted(reply.final_obs):
-        last = reply.final_obs[pos]
-        if not 0 <= pos < n or type(last) is not np.ndarray or last.dtype != obs.dtype or last.shape != row_shape:
-            return None
-        final.append(last)
-        flags[pos] |= _FINAL_OBS
-    for pos in np.flatnonzero(truncated).tolist():
-        flags[pos] |= _TRUNCATED
+    if reply.final_obs:
+        row_shape = obs.shape[1:]
+        for pos in sorted(reply.final_obs):
+            last = reply.final_obs[pos]
+            if not 0 <= pos < n or type(last) is not np.ndarray or last.dtype != obs.dtype or last.shape != row_shape:
+                return None
+            final.append(last)
+            flags[pos] |= _FINAL_OBS
+    if truncated.any():
+        for pos, trunc in enumerate(truncated.tolist()):
+            if trunc:
+                flags[pos] |= _TRUNCATED
     for pos in reply.reset_infos:
         if not 0 <= pos < n:
             return None
@@ -215,30 +218,38 @@ def _decode_step(frames: Sequence[Any]) -> Any:
             return ("step", (actions,))
         _, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
         offset = _REPLY_HEAD.size
-        flags = np.frombuffer(bytes(payload[offset : offset + n]), dtype=np.uint8)
+        flags = bytes(payload[offset : offset + n])
         offset += n
         rewards = np.frombuffer(payload, dtype=_F8, count=n, offset=offset)
         if not rewards.flags.writeable:
             rewards = rewards.copy()
         offset += 8 * n
         obs, offset = _read_array(payload, offset, extra)
-        final = _read_array(payload, offset, extra)[0] if (flags & _FINAL_OBS).any() else None
+        # most steps end no episode: then every flag is 0 and there is nothing more to read
+        quiet = flags.count(0) == n
+        final = None if quiet or not any(b & _FINAL_OBS for b in flags) else _read_array(payload, offset, extra)[0]
     except (struct.error, ValueError, TypeError, IndexError) as e:
         raise ChannelError(f"malformed compact message: {e}") from e
     if len(flags) != n or len(obs) != n:
         raise ChannelError("malformed compact step reply (lengths differ)")
-    final_positions = np.flatnonzero(flags & _FINAL_OBS).tolist()
-    if final_positions and (final is None or len(final) != len(final_positions)):
+    reply = StepReply(obs, rewards, np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), env_seconds=env_seconds)
+    if quiet:
+        return reply
+    bits = np.frombuffer(flags, dtype=np.uint8)
+    reply.terminated = (bits & _TERMINATED).astype(bool)
+    reply.truncated = (bits & _TRUNCATED).astype(bool)
+    k = 0
+    for pos, b in enumerate(flags):
+        if b & _FINAL_OBS:
+            if final is None or k >= len(final):
+                raise ChannelError("malformed compact step reply (final observations)")
+            reply.final_obs[pos] = final[k]
+            k += 1
+        if b & _RESET_INFO:
+            reply.reset_infos[pos] = {}
+    if final is not None and k != len(final):
         raise ChannelError("malformed compact step reply (final observations)")
-    return StepReply(
-        obs,
-        rewards,
-        (flags & _TERMINATED).astype(bool),
-        (flags & _TRUNCATED).astype(bool),
-        final_obs={pos: final[k] for k, pos in enumerate(final_positions)} if final is not None else {},
-        reset_infos={pos: {} for pos in np.flatnonzero(flags & _RESET_INFO).tolist()},
-        env_seconds=env_seconds,
-    )
+    return reply
 
 
 def _framed(payload: bytes | memoryview, extra: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:

@@ -1,0 +1,68 @@
+"""StepBuffers: the one place SB3's info dicts are built from a reply's columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from daskvec.buffers import StepBuffers
+from daskvec.pool import Group
+from daskvec.protocol import INFO_KEY, StepReply
+
+
+def group(indices: list[int]) -> Group:
+    return Group(gid="g", env_indices=indices, worker="w", future=None, actor=None, channel=None, desc={})  # type: ignore[arg-type]
+
+
+def reply(n: int, **columns: Any) -> StepReply:
+    r = StepReply(
+        np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+        np.arange(n, dtype=np.float64),
+        np.zeros(n, dtype=bool),
+        np.zeros(n, dtype=bool),
+    )
+    for k, v in columns.items():
+        setattr(r, k, v)
+    return r
+
+
+def buffers(n: int) -> StepBuffers:
+    return StepBuffers(gym.spaces.Box(-10, 10, (2,), np.float32), n)
+
+
+def test_a_step_that_ends_no_episode_gives_plain_infos() -> None:
+    b = buffers(3)
+    b.take_step(group([0, 1, 2]), reply(3))
+    _, rewards, dones, infos = b.result()
+    assert infos == [{"TimeLimit.truncated": False}] * 3
+    assert rewards.tolist() == [0, 1, 2] and not dones.any()
+
+
+def test_info_rules_for_ended_truncated_and_restarted_envs() -> None:
+    b = buffers(4)
+    final = np.array([9, 9], dtype=np.float32)
+    r = reply(
+        4,
+        terminated=np.array([True, False, True, False]),
+        truncated=np.array([False, True, True, True]),
+        final_obs={0: final},
+        infos={1: {"own": 7}},
+        restarted={3: {"restarted": True}},
+    )
+    b.take_step(group([0, 1, 2, 3]), r)
+    _, _, dones, infos = b.result()
+    assert dones.tolist() == [True, True, True, True]
+    # truncated and not terminated -> TimeLimit.truncated; a truncation with no final
+    # observation in the reply still counts (env 1)
+    assert [i["TimeLimit.truncated"] for i in infos] == [False, True, False, True]
+    assert infos[0]["terminal_observation"] is final
+    assert infos[1]["own"] == 7 and "terminal_observation" not in infos[1]
+    assert infos[3][INFO_KEY] == {"restarted": True}
+
+
+def test_a_truncation_alone_is_reported() -> None:
+    b = buffers(2)
+    b.take_step(group([0, 1]), reply(2, truncated=np.array([False, True])))
+    assert [i["TimeLimit.truncated"] for i in b.result()[3]] == [False, True]
