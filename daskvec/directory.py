@@ -47,6 +47,7 @@ class WorkerDirectory:
         self.client = client
         self.options = options
         self._deadlines: dict[str, float | None] = {}
+        self._any_deadline = False
         self._quarantine: dict[str, float] = {}  # worker -> time.monotonic() it may take envs again
 
     # ------------------------------------------------------------------ what is known
@@ -62,6 +63,12 @@ class WorkerDirectory:
     def learn_deadline(self, worker: str, deadline: float | None) -> None:
         """Record when ``worker`` is expected to leave (epoch seconds, or ``None``)."""
         self._deadlines[worker] = deadline
+        self._any_deadline = any(d is not None for d in self._deadlines.values())
+
+    @property
+    def any_deadline(self) -> bool:
+        """Whether any known worker has a deadline (if none has, no group can be leaving)."""
+        return self._any_deadline
 
     def deadline(self, worker: str) -> float | None:
         """When ``worker`` is expected to leave (epoch seconds), if known."""

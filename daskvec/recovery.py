@@ -391,7 +391,7 @@ class Recovery:
         moves, self._moves = self._moves, None
         if moves is not None and any(g not in self.pool.groups for g in moves[0]):
             moves = None  # groups changed since the plan was made (e.g. a worker was lost): replan later
-        if moves is None and time.monotonic() >= self._next_migrate_check:
+        if moves is None and self.directory.any_deadline and time.monotonic() >= self._next_migrate_check:
             now = time.time()
             leaving = [g for g in self.pool.groups if self.directory.leaving(g.worker, now)]
             moves = self._plan_migration(leaving) if leaving else None
