@@ -28,7 +28,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec import metrics
+from daskvec import config, metrics
 from daskvec.errors import EnvRestartBudgetExceeded
 from daskvec.protocol import Command, RemoteError, ResetReply, StepReply, restart_seed
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
@@ -155,7 +155,8 @@ class EnvGroup:
         Unix socket).
     busy_poll : float, optional
         Seconds the direct channel polls for the next request after each reply
-        (see :class:`daskvec.transport.ChannelServer`).
+        (see :class:`daskvec.transport.ChannelServer`); ``None``: this worker's Dask
+        config ``daskvec.busy-poll`` (see :func:`daskvec.config.worker_busy_poll`).
     """
 
     def __init__(
@@ -172,7 +173,7 @@ class EnvGroup:
         worker_address: str | None = None,
         listen_host: str | None = None,
         unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
-        busy_poll: float = 0.0,
+        busy_poll: float | None = 0.0,
     ) -> None:
         self._worker = probes.current_worker()
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
@@ -193,7 +194,9 @@ class EnvGroup:
         metrics.install_worker_metrics(self._worker, self.stats)
         self.deadline = probes.worker_deadline(self._worker)
         self._server: ChannelServer | None = None
+        self.busy_poll: float | None = None  # of the direct channel, if there is one
         if token is not None:
+            self.busy_poll = config.worker_busy_poll(busy_poll, self.worker_address)
             # the server's threads must not keep the group alive: see the finalizer below
             self._server = ChannelServer(
                 listen_host or probes.listen_host(self._worker),
@@ -201,7 +204,7 @@ class EnvGroup:
                 _weak_dispatch(weakref.ref(self)),
                 name="daskvec-group",
                 unix_dir=probes.unix_dir(self._worker) if isinstance(unix_dir, _WorkerDirectory) else unix_dir,
-                busy_poll=busy_poll,
+                busy_poll=self.busy_poll,
             )
         # Closes the channel and the envs once: from shutdown(), or when the group is
         # garbage collected because Dask dropped the actor without a shutdown (its client
@@ -271,6 +274,7 @@ class EnvGroup:
             "pid": os.getpid(),
             "deadline": self.deadline,
             "profiler_hazard": probes.profiler_hazard(self._worker),
+            "busy_poll": self.busy_poll,
         }
 
     def refused_connections(self) -> int:
