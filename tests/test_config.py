@@ -120,7 +120,9 @@ def _set_worker_busy_poll(value: Any) -> Any:
     """On a worker: set ``daskvec.busy-poll`` in its own global config; return the old value."""
     import dask
 
-    old = dask.config.get("daskvec.busy-poll", None)
+    import daskvec.config  # noqa: F401  (the defaults, so that the old value is the worker's real one)
+
+    old = dask.config.get("daskvec.busy-poll")
     dask.config.set({"daskvec.busy-poll": value})
     return old
 

@@ -177,6 +177,8 @@ class EnvGroup:
     ) -> None:
         self._worker = probes.current_worker()
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
+        # the direct channel's budget (checked before any env is built): given, or this worker's config
+        self.busy_poll = None if token is None else config.worker_busy_poll(busy_poll, self.worker_address)
         self.env_indices = list(env_indices)
         self.on_env_error = on_env_error
         self.max_restarts = max_restarts
@@ -194,9 +196,7 @@ class EnvGroup:
         metrics.install_worker_metrics(self._worker, self.stats)
         self.deadline = probes.worker_deadline(self._worker)
         self._server: ChannelServer | None = None
-        self.busy_poll: float | None = None  # of the direct channel, if there is one
         if token is not None:
-            self.busy_poll = config.worker_busy_poll(busy_poll, self.worker_address)
             # the server's threads must not keep the group alive: see the finalizer below
             self._server = ChannelServer(
                 listen_host or probes.listen_host(self._worker),
@@ -204,7 +204,7 @@ class EnvGroup:
                 _weak_dispatch(weakref.ref(self)),
                 name="daskvec-group",
                 unix_dir=probes.unix_dir(self._worker) if isinstance(unix_dir, _WorkerDirectory) else unix_dir,
-                busy_poll=self.busy_poll,
+                busy_poll=self.busy_poll or 0.0,
             )
         # Closes the channel and the envs once: from shutdown(), or when the group is
         # garbage collected because Dask dropped the actor without a shutdown (its client
