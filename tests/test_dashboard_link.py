@@ -144,19 +144,25 @@ def test_without_bokeh_no_dead_link() -> None:
     out, _ = run_with_base_dependencies("""
         import urllib.request
         from distributed import Client, LocalCluster
-        from daskvec import DaskVecEnv  # must not need Bokeh
+        from daskvec import DaskVecEnv, _dask  # must not need Bokeh
         from daskvec.dashboard_link import check_dashboard
+
+        def refuse(*args, **kwargs):
+            raise ModuleNotFoundError("No module named 'daskvec'")
 
         with LocalCluster(n_workers=0, dashboard_address=":0") as cluster, Client(cluster) as client:
             raw = client.dashboard_link
             with urllib.request.urlopen(raw, timeout=30) as r:
                 stub = r.read().decode()
             links = check_dashboard(client)
-        print(json.dumps({"raw": raw, "stub": stub, "lines": links.lines(), "status": links.status}))
+            _dask.run_on_scheduler = refuse  # a scheduler that cannot be asked: the pages are fetched
+            fetched = check_dashboard(client)
+        print(json.dumps({"raw": raw, "stub": stub, "lines": links.lines(), "status": links.status,
+                          "fetched": fetched.lines()}))
     """, also_blocked=("bokeh",))
     assert "Dask needs bokeh" in out["stub"]  # what Dask's own link leads to: the issue's dead link
     assert out["status"] is None
-    assert out["lines"] == [f"Dask dashboard: not available: {dashboard_link.NO_PAGES}"]
+    assert out["lines"] == out["fetched"] == [f"Dask dashboard: not available: {dashboard_link.NO_PAGES}"]
     assert "http" not in "".join(out["lines"])
 
 
