@@ -11,7 +11,8 @@ The package is laid out by role:
 - :mod:`daskvec.worker` -- worker side, the env-group actor and the env process;
 - :mod:`daskvec.cluster` and :mod:`daskvec.jobqueue` -- clients, clusters, batch jobs;
 - :mod:`daskvec.metrics` and :mod:`daskvec.dashboard` -- figures and the dashboard page;
-- :mod:`daskvec.cli` and :mod:`daskvec.bench` -- the ``daskvec`` command and benchmarks.
+- :mod:`daskvec.cli` and :mod:`daskvec.bench` -- the ``daskvec`` command and benchmarks;
+- :mod:`daskvec.config` -- the ``daskvec.*`` keys of Dask's config, registered on import.
 
 See docs/architecture.md. ``DaskVecEnv`` is imported lazily so that worker processes,
 which only need :mod:`daskvec.worker`, never import Stable-Baselines3 or torch.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# registers the daskvec.* defaults in Dask's config, in every process that imports daskvec
+from daskvec import config as config
 from daskvec.errors import (
     AlreadySteppingError,
     ClosedEnvError,

@@ -19,7 +19,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-__all__ = ["is_actor_lost", "log_event", "log_event_nowait", "placement_errors", "scheduler_workers"]
+__all__ = [
+    "is_actor_lost",
+    "log_event",
+    "log_event_nowait",
+    "placement_errors",
+    "run_on_scheduler",
+    "scheduler_workers",
+]
 
 
 def scheduler_workers(client: Any) -> dict[str, Any]:
@@ -53,6 +60,16 @@ def log_event(client: Any, topic: str, msg: dict[str, Any], timeout: float) -> N
     """
     with contextlib.suppress(Exception):
         client.sync(client.scheduler.log_event, topic=topic, msg=msg, callback_timeout=timeout)
+
+
+def run_on_scheduler(client: Any, function: Any, timeout: float) -> Any:
+    """``client.run_on_scheduler(function)``, waiting at most ``timeout`` seconds.
+
+    ``Client.run_on_scheduler`` has no timeout of its own; its keyword arguments go to
+    ``Client.sync``, whose ``callback_timeout`` bounds the wait (used to check the
+    dashboard's pages before showing a link, when the scheduler may be slow or gone).
+    """
+    return client.run_on_scheduler(function, callback_timeout=timeout)
 
 
 def placement_errors() -> tuple[type[BaseException], ...]:

@@ -4,8 +4,9 @@
     Train a Stable-Baselines3 agent on ``ENV_ID`` with its envs in a
     :class:`~daskvec.DaskVecEnv`: on the cluster at ``--scheduler``, or on an embedded
     ``LocalCluster`` when no scheduler is given. Shows a progress bar, prints the
-    dashboard link, the env-steps/s achieved and the evaluated mean reward, and saves
-    the model with ``--save``.
+    dashboard link (and the daskvec page's; only pages the scheduler serves, or why
+    not), the env-steps/s achieved and the evaluated mean reward, and saves the model
+    with ``--save``. Options not given come from Dask's config (``daskvec.*``).
 
 ``daskvec bench ...``
     Benchmarks (see :mod:`daskvec.bench`).
@@ -70,10 +71,11 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="envs per Dask actor (default: one actor per worker)")
     parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
                         help="Dask scheduler address, e.g. tcp://10.0.0.1:8786 (default: an embedded LocalCluster)")
-    parser.add_argument("--transport", choices=("auto", "direct", "actor"), default="auto",
-                        help="how steps reach the actors (default: auto)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds any single wait for the cluster may take (default: 300)")
+    parser.add_argument("--transport", choices=("auto", "direct", "actor"), default=None,
+                        help="how steps reach the actors (default: Dask config daskvec.transport, auto)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds any single wait for the cluster may take (default: Dask config "
+                             "daskvec.timeout, 300)")
     parser.add_argument("--save", metavar="PATH", default=None, help="save the trained model there (SB3 .zip)")
     parser.add_argument("--eval-episodes", type=int, default=10,
                         help="episodes of deterministic evaluation at the end; 0 skips it (default: 10)")
@@ -187,7 +189,8 @@ def train(args: argparse.Namespace) -> int:
         assert isinstance(env, DaskVecEnv)
         print(f"daskvec: {args.n_envs} x {args.env_id} in {len(env.groups)} actors on "
               f"{len({g['worker'] for g in env.groups})} workers ({env.transport_summary()})", flush=True)
-        print(f"Dask dashboard: {env.dashboard_link}", flush=True)
+        for line in env.dashboard.lines():  # only links to pages the scheduler serves
+            print(line, flush=True)
         algo = _algo_class(args.algo)
         model = algo(_policy_for(env.observation_space), env, device=args.device, seed=args.seed, verbose=0,
                      **dict(args.hyperparams))

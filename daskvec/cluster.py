@@ -28,6 +28,7 @@ import cloudpickle
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskvec import _dask
+from daskvec.dashboard_link import check_dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +174,8 @@ def resolve_client(
             return ResolvedClient(current)
         cluster = embedded_cluster(**(cluster_kwargs or {}))
         c = Client(cluster, direct_to_workers=True)
-        logger.info("daskvec started a LocalCluster; dashboard: %s", c.dashboard_link)
+        if logger.isEnabledFor(logging.INFO):  # checking the pages costs a call to the scheduler
+            logger.info("daskvec started a LocalCluster; %s", check_dashboard(c).describe())
         return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True)
     if isinstance(client, Client):
         return ResolvedClient(client)

@@ -8,21 +8,24 @@ from typing import Any
 __all__ = ["notebook_html"]
 
 
-def notebook_html(groups: list[dict[str, Any]], n_envs: int, link: str | None) -> str:
-    """The notebook view of an open vec env: dashboard links, then one row per worker."""
+def notebook_html(
+    groups: list[dict[str, Any]], n_envs: int, link: str | None, page: str | None = None, problem: str | None = None
+) -> str:
+    """The notebook view of an open vec env: dashboard links, then one row per worker.
+
+    ``link`` and ``page`` are the dashboard and daskvec page links to show (only pages
+    the scheduler serves, see :func:`daskvec.dashboard_link.check_dashboard`);
+    ``problem`` says why one is missing.
+    """
     by_worker: dict[str, list[dict[str, Any]]] = {}
     for g in groups:
         by_worker.setdefault(g["worker"], []).append(g)
-    page = None
     if link:
-        base = link.rsplit("/", 1)[0] if link.rstrip("/").endswith("status") else link.rstrip("/")
-        page = f"{base}/daskvec"
-    links = (
-        f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'
-        f' (daskvec page: <a href="{escape(page or "")}" target="_blank">{escape(page or "")}</a>)'
-        if link
-        else "unknown"
-    )
+        links = _anchor(link) + (
+            f" (daskvec page: {_anchor(page)})" if page else f" (no daskvec page: {escape(problem or 'unknown')})"
+        )
+    else:
+        links = f"not available: {escape(problem or 'unknown')}"
     rows = "".join(
         f"<tr><td style='text-align:left'>{escape(w)}</td><td>{sum(len(g['envs']) for g in gs)}</td>"
         f"<td>{len(gs)}</td><td style='text-align:left'>{escape(_ranges([i for g in gs for i in g['envs']]))}</td>"
@@ -37,6 +40,10 @@ def notebook_html(groups: list[dict[str, Any]], n_envs: int, link: str | None) -
         "<th style='text-align:left'>env indices</th><th>transport</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
     )
+
+
+def _anchor(url: str) -> str:
+    return f'<a href="{escape(url)}" target="_blank">{escape(url)}</a>'
 
 
 def _ranges(indices: list[int]) -> str:

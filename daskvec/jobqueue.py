@@ -469,7 +469,13 @@ def _prologue_without_profiler(system: str, prologue: list[str] | None) -> list[
 def _start_scaled(
     cluster_cls: Any, kwargs: dict[str, Any], plan: JobPlan, *, scaling: str, spare_jobs: int, wait: float | None
 ) -> Any:
-    """Create the cluster and scale it for ``plan`` (unless ``scaling="none"``); close it if that fails."""
+    """Create the cluster and scale it for ``plan`` (unless ``scaling="none"``); close it if that fails.
+
+    Its scheduler, which runs in this process, serves the daskvec dashboard page.
+    """
+    from daskvec.cluster import install_dashboard_page
+
+    install_dashboard_page()
     cluster = cluster_cls(**kwargs)
     try:
         if scaling != "none":

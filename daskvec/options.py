@@ -2,13 +2,16 @@
 
 :class:`Options` is a frozen dataclass built by :meth:`Options.create`, which turns
 every invalid value into a ``ValueError`` or ``TypeError`` naming the option and what
-to pass instead. The other client modules read it and never check again.
+to pass instead. An option not given is read from Dask's config (``daskvec.*``, see
+:mod:`daskvec.config`) and checked the same way, naming the config key. The other
+client modules read it and never check again.
 :func:`check_env_fns` does the same for the list of env factories.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,9 +19,12 @@ from typing import Any
 
 import gymnasium as gym
 
+from daskvec import config
 from daskvec.transport import check_busy_poll
 
-__all__ = ["Options", "check_env_fns"]
+__all__ = ["Options", "check_env_fns", "ignore_subproc_keywords"]
+
+logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "direct", "actor")
 ON_WORKER_LOST = ("restart", "raise")
@@ -37,16 +43,74 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def _positive_int_or_none(name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+    return value
+
+
+def _workers(name: str, value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, str):
+        raise TypeError(f"{name} must be a list of worker addresses or names, not the string {value!r}")
+    return tuple(value) if value else None
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, not {value!r}")
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def _non_negative_seconds(name: str, value: Any) -> float:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+#: Every option and its check: ``check(name, value)`` returns the value to keep or
+#: raises naming ``name``. ``None`` means "not given": the option's Dask config key
+#: (:mod:`daskvec.config`) is read instead, when it has one.
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "envs_per_actor": _positive_int_or_none,
+    "workers": _workers,
+    "resources": lambda name, value: dict(value) if value else None,
+    "transport": lambda name, value: _choice(name, value, TRANSPORTS),
+    "env_process": _flag,
+    "busy_poll": lambda name, value: None if value is None else check_busy_poll(value, name),
+    "timeout": _seconds,
+    "step_timeout": lambda name, value: None if value is None else _seconds(name, value),
+    "on_worker_lost": lambda name, value: _choice(name, value, ON_WORKER_LOST),
+    "on_env_error": lambda name, value: _choice(name, value, ON_ENV_ERROR),
+    "max_restarts": _non_negative_int,
+    "worker_wait_timeout": _seconds,
+    "migrate_before": _non_negative_seconds,
+    "auto_rebalance": _flag,
+    "rebalance_interval": _seconds,
+}
+#: Options a worker reads from its own config when not given (see :func:`daskvec.config.worker_busy_poll`).
+_WORKER_SIDE = frozenset({"busy_poll"})
+
+
 @dataclass(frozen=True)
 class Options:
-    """The validated options of a vec env (see :class:`~daskvec.vec_env.DaskVecEnv`)."""
+    """The validated options of a vec env (see :class:`~daskvec.vec_env.DaskVecEnv`).
+
+    The defaults are those of ``daskvec/daskvec.yaml`` (a test keeps them equal).
+    ``busy_poll`` is ``None`` when each worker reads its own ``daskvec.busy-poll``.
+    """
 
     envs_per_actor: int | None = None
     workers: tuple[str, ...] | None = None
     resources: dict[str, float] | None = None
     transport: str = "auto"
     env_process: bool = False
-    busy_poll: float = 2e-3
+    busy_poll: float | None = None
     timeout: float = 300.0
     step_timeout: float = 300.0
     on_worker_lost: str = "restart"
@@ -58,61 +122,61 @@ class Options:
     rebalance_interval: float = 10.0
 
     @classmethod
-    def create(
-        cls,
-        *,
-        envs_per_actor: int | None = None,
-        workers: Sequence[str] | None = None,
-        resources: dict[str, float] | None = None,
-        transport: str = "auto",
-        env_process: bool = False,
-        busy_poll: float = 2e-3,
-        timeout: float = 300.0,
-        step_timeout: float | None = None,
-        on_worker_lost: str = "restart",
-        on_env_error: str = "raise",
-        max_restarts: int = 10,
-        worker_wait_timeout: float = 300.0,
-        migrate_before: float = 120.0,
-        auto_rebalance: bool = False,
-        rebalance_interval: float = 10.0,
-    ) -> Options:
-        """Check every option and return them; ``step_timeout`` defaults to ``timeout``.
+    def names(cls) -> tuple[str, ...]:
+        """The option names (the keyword arguments :meth:`create` takes)."""
+        return tuple(_CHECKS)
+
+    @classmethod
+    def create(cls, **given: Any) -> Options:
+        """Check every option and return them.
+
+        Parameters
+        ----------
+        **given
+            Options by name (see :meth:`names` and ``DaskVecEnv``). One not given, or
+            ``None``, takes its value from Dask's config (``daskvec.*``, see
+            :mod:`daskvec.config`), except ``busy_poll``, which the workers read from
+            theirs. ``step_timeout`` that is ``None`` in both follows ``timeout``.
 
         Raises
         ------
         ValueError, TypeError
-            Naming the first invalid option and what it accepts.
+            Naming the first invalid option (or config key) and what it accepts; a
+            ``TypeError`` also for an unknown option name.
         """
-        if envs_per_actor is not None and (
-            isinstance(envs_per_actor, bool) or not isinstance(envs_per_actor, int) or envs_per_actor < 1
-        ):
-            raise ValueError(f"envs_per_actor must be a positive int or None, not {envs_per_actor!r}")
-        if isinstance(workers, str):
-            raise TypeError(f"workers must be a list of worker addresses or names, not the string {workers!r}")
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"max_restarts must be a non-negative int, not {max_restarts!r}")
-        if not isinstance(env_process, bool):
-            raise TypeError(f"env_process must be True or False, not {env_process!r}")
-        if migrate_before is None or isinstance(migrate_before, bool) or not migrate_before >= 0:
-            raise ValueError(f"migrate_before must be a number of seconds >= 0, not {migrate_before!r}")
-        timeout_s = _seconds("timeout", timeout)
-        return cls(
-            envs_per_actor=envs_per_actor,
-            workers=tuple(workers) if workers else None,
-            resources=dict(resources) if resources else None,
-            transport=_choice("transport", transport, TRANSPORTS),
-            env_process=env_process and os.name == "posix",
-            busy_poll=check_busy_poll(busy_poll),
-            timeout=timeout_s,
-            step_timeout=timeout_s if step_timeout is None else _seconds("step_timeout", step_timeout),
-            on_worker_lost=_choice("on_worker_lost", on_worker_lost, ON_WORKER_LOST),
-            on_env_error=_choice("on_env_error", on_env_error, ON_ENV_ERROR),
-            max_restarts=max_restarts,
-            worker_wait_timeout=_seconds("worker_wait_timeout", worker_wait_timeout),
-            migrate_before=float(migrate_before),
-            auto_rebalance=bool(auto_rebalance),
-            rebalance_interval=_seconds("rebalance_interval", rebalance_interval),
+        unknown = sorted(set(given) - set(_CHECKS))
+        if unknown:
+            raise TypeError(f"unknown option(s) {unknown}; the options are {sorted(_CHECKS)}")
+        values: dict[str, Any] = {}
+        for name, check in _CHECKS.items():
+            value = given.get(name)
+            if value is not None or name not in config.KEYS or name in _WORKER_SIDE:
+                values[name] = check(name, value)
+                continue
+            try:
+                values[name] = check(f"the Dask config {config.key(name)}", config.get(name))
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"{e}{config.hint(name)}") from None
+        if values["step_timeout"] is None:
+            values["step_timeout"] = values["timeout"]
+        values["env_process"] = values["env_process"] and os.name == "posix"
+        return cls(**values)
+
+
+def ignore_subproc_keywords(**given: Any) -> None:
+    """Log, once per call, the ``SubprocVecEnv`` keywords that a vec env accepts and ignores.
+
+    Code written for ``SubprocVecEnv`` passes ``start_method`` (e.g. through
+    ``make_vec_env(..., vec_env_kwargs=...)``); there is nothing for it to choose here.
+    Keywords left at ``None`` are not mentioned.
+    """
+    ignored = {name: value for name, value in given.items() if value is not None}
+    if ignored:
+        listed = ", ".join(f"{name}={value!r}" for name, value in ignored.items())
+        logger.info(
+            "DaskVecEnv ignores %s: its envs live in Dask workers, whose processes Dask starts, "
+            "so SubprocVecEnv's process start method has no counterpart here",
+            listed,
         )
 
 

@@ -33,6 +33,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from daskvec import _dask
 from daskvec import cluster as _cluster
 from daskvec.buffers import StepBuffers
+from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.directory import WorkerDirectory
 from daskvec.display import notebook_html
 from daskvec.errors import (
@@ -43,7 +44,7 @@ from daskvec.errors import (
     WorkerLostError,
 )
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
-from daskvec.options import Options, check_env_fns
+from daskvec.options import Options, check_env_fns, ignore_subproc_keywords
 from daskvec.pool import Group, GroupPool, StepOutcome
 from daskvec.protocol import Command, unwrap
 from daskvec.recovery import Rebuild, Recovery, RestartLedger
@@ -89,6 +90,8 @@ class DaskVecEnv(VecEnv):
         it did not create.
     envs_per_actor : int, optional
         Envs per actor. Default: one actor per eligible worker, envs spread evenly.
+        This option and those from ``transport`` to ``rebalance_interval`` default to
+        ``None``: Dask's config ``daskvec.<name>`` (docs/configuration.md; its default here).
     workers : list of str, optional
         Addresses or names of the workers that may hold envs.
     resources : dict, optional
@@ -105,14 +108,15 @@ class DaskVecEnv(VecEnv):
         It costs one Python interpreter per group and 1-4 s more to build the envs
         (each process imports what the factories need). Default ``False``: the envs
         live inside the worker process.
-    busy_poll : float
+    busy_poll : float, optional
         Seconds a group's direct channel keeps polling for the next step after each
         reply before it sleeps (default 0.002). While the client steps quickly, the
         next request is then picked up without waking a sleeping thread, which costs
         tens to hundreds of microseconds per round trip on virtual machines. It spends
         at most this much worker CPU per step, only when one group is stepping in the
         worker's process, and stops while the client is slow (e.g. during training
-        updates). ``0`` turns it off; it has no effect on the actor transport.
+        updates). ``0`` turns it off; it has no effect on the actor transport. When not
+        given, each worker reads its own ``daskvec.busy-poll``.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     step_timeout : float, optional
@@ -140,6 +144,9 @@ class DaskVecEnv(VecEnv):
         See ``auto_rebalance``.
     cluster_kwargs : dict, optional
         Extra arguments for the embedded ``LocalCluster``.
+    start_method : str, optional
+        Accepted for code written for ``SubprocVecEnv`` and ignored, with an INFO log
+        line: the envs live in Dask workers, whose processes Dask starts.
 
     Attributes
     ----------
@@ -176,29 +183,26 @@ class DaskVecEnv(VecEnv):
         envs_per_actor: int | None = None,
         workers: Sequence[str] | None = None,
         resources: dict[str, float] | None = None,
-        transport: str = "auto",
-        env_process: bool = False,
-        busy_poll: float = 2e-3,
-        timeout: float = 300.0,
+        transport: str | None = None,
+        env_process: bool | None = None,
+        busy_poll: float | None = None,
+        timeout: float | None = None,
         step_timeout: float | None = None,
-        on_worker_lost: str = "restart",
-        on_env_error: str = "raise",
-        max_restarts: int = 10,
-        worker_wait_timeout: float = 300.0,
-        migrate_before: float = 120.0,
-        auto_rebalance: bool = False,
-        rebalance_interval: float = 10.0,
+        on_worker_lost: str | None = None,
+        on_env_error: str | None = None,
+        max_restarts: int | None = None,
+        worker_wait_timeout: float | None = None,
+        migrate_before: float | None = None,
+        auto_rebalance: bool | None = None,
+        rebalance_interval: float | None = None,
         cluster_kwargs: dict[str, Any] | None = None,
+        start_method: str | None = None,
     ) -> None:
         self._state = State.CLOSED  # until construction succeeds; makes close()/__del__ safe
         self.env_fns = check_env_fns(env_fns)
-        options = Options.create(
-            envs_per_actor=envs_per_actor, workers=workers, resources=resources, transport=transport,
-            env_process=env_process, busy_poll=busy_poll, timeout=timeout, step_timeout=step_timeout,
-            on_worker_lost=on_worker_lost, on_env_error=on_env_error, max_restarts=max_restarts,
-            worker_wait_timeout=worker_wait_timeout, migrate_before=migrate_before,
-            auto_rebalance=auto_rebalance, rebalance_interval=rebalance_interval,
-        )  # fmt: skip
+        # every keyword named like an option (None: from Dask's config, see daskvec.config)
+        options = Options.create(**{k: v for k, v in locals().items() if k in Options.names()})
+        ignore_subproc_keywords(start_method=start_method)
         n_envs = len(self.env_fns)
         self._resolved = _cluster.resolve_client(
             client, connect_timeout=min(options.timeout, 30.0), cluster_kwargs=cluster_kwargs
@@ -533,7 +537,8 @@ class DaskVecEnv(VecEnv):
         ``None``) and ``env_pid``, the id of the process stepping the envs on the
         worker's host (the worker's own with ``env_process=False``). ``socket`` says
         how a direct channel is connected: ``"unix"`` when the group runs on the
-        client's machine, ``"tcp"`` otherwise (``None`` for the actor transport)."""
+        client's machine, ``"tcp"`` otherwise (``None`` for the actor transport).
+        ``busy_poll`` is the budget the group's worker applies to its channel."""
         return [
             {
                 "envs": list(g.env_indices),
@@ -544,17 +549,21 @@ class DaskVecEnv(VecEnv):
                 "deadline": g.deadline,
                 "env_pid": g.env_pid,
                 "pid": g.desc.get("pid"),
+                "busy_poll": g.desc.get("busy_poll"),
             }
             for g in self._groups
         ]
 
     @property
+    def dashboard(self) -> DashboardLinks:
+        """The dashboard links of the cluster, checked now: only pages its scheduler serves, and why not."""
+        return check_dashboard(self.client)
+
+    @property
     def dashboard_link(self) -> str | None:
-        """Link to the Dask dashboard of the cluster holding the envs."""
-        try:
-            return str(self.client.dashboard_link)
-        except Exception:
-            return None
+        """Link to the Dask dashboard of the cluster holding the envs; ``None`` (and
+        :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
+        return self.dashboard.status
 
     # ------------------------------------------------------------------ telemetry
     def _maybe_publish(self) -> None:
@@ -599,7 +608,8 @@ class DaskVecEnv(VecEnv):
         n_envs = getattr(self, "num_envs", 0)
         if self.closed:
             return f"<div><strong>DaskVecEnv</strong>: {n_envs} envs, closed</div>"
-        return notebook_html(self.groups, n_envs, self.dashboard_link)
+        links = self.dashboard
+        return notebook_html(self.groups, n_envs, links.status, links.daskvec, links.problem)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._pool.load()) if self._pool else 0} workers"

@@ -6,6 +6,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,35 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.Comp
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "daskvec.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def run_cli_fetching_page(args: list[str], cwd: Path,
+                          timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+    """Run the CLI; while it runs, GET the daskvec page it prints. Returns the run and ``{url: status}``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "daskvec.cli", *args]
+    fetched: dict[str, int] = {}
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # until the CLI exits (pytest-timeout bounds a silent hang)
+                lines.append(line)
+                page = re.fullmatch(r"daskvec page: (http://\S+)", line.strip())
+                if page and proc.poll() is None:
+                    try:
+                        with urllib.request.urlopen(page.group(1), timeout=30) as r:
+                            fetched[page.group(1)] = r.status
+                    except urllib.error.HTTPError as e:
+                        fetched[page.group(1)] = e.code
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), err.read()), fetched
 
 
 def untrained_return(seed: int, episodes: int = 3) -> float:
@@ -74,10 +106,12 @@ def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_en
 @pytest.mark.timeout(300)
 def test_train_on_embedded_cluster(tmp_path: Path) -> None:
     model = tmp_path / "ppo_cartpole.zip"
-    proc = run_cli(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--seed", "5",
-                    "--eval-episodes", "3", "--save", str(model), *SMALL_PPO], tmp_path)
+    proc, fetched = run_cli_fetching_page(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--seed",
+                                           "5", "--eval-episodes", "3", "--save", str(model), *SMALL_PPO], tmp_path)
     facts = check_train_output(proc, model, n_envs=4, seed=5)
     assert facts["workers"] >= 1
+    # the printed daskvec page answered while the CLI ran (issue 14: no dead dashboard link)
+    assert fetched == {facts["dashboard"].rsplit("/", 1)[0] + "/daskvec": 200}, (fetched, proc.stdout)
     # quiet by default: no INFO lines from daskvec
     assert " INFO daskvec" not in proc.stderr
 
@@ -91,6 +125,12 @@ def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
                     "--verbose", "--no-progress", *SMALL_PPO], tmp_path)
     facts = check_train_output(proc, model, n_envs=4, seed=2)
     assert facts["actors"] == 4 and facts["workers"] == 2
+    # a standalone scheduler without --preload daskvec.dashboard: its /status is linked, and the
+    # missing daskvec page is explained, not linked
+    assert "daskvec page: not served: the scheduler does not serve the daskvec page" in proc.stdout
+    assert "/daskvec" not in proc.stdout
+    with urllib.request.urlopen(facts["dashboard"], timeout=30) as r:
+        assert r.status == 200
     assert " INFO daskvec" in proc.stderr  # --verbose shows daskvec's INFO logs
     # the CLI did not shut down a scheduler it did not start
     assert procs.scheduler.poll() is None
@@ -129,7 +169,8 @@ def test_parser(restore_daskvec_logger: Any) -> None:
     )
     assert args.env_id == "Pendulum-v1" and args.algo == "sac" and args.n_envs == 2
     assert dict(args.hyperparams) == {"learning_rate": 1e-3, "policy_kwargs": {"net_arch": [8]}, "train_freq": 4}
-    assert args.scheduler is None and args.transport == "auto" and args.timesteps == 25_000
+    assert args.scheduler is None and args.timesteps == 25_000
+    assert args.transport is None and args.timeout is None  # from Dask's config (daskvec.*)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["train", "CartPole-v1", "--n-envs", "0"])
     with pytest.raises(SystemExit):

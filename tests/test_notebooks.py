@@ -61,8 +61,8 @@ def test_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nb = run_notebook("quickstart.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, ppo_n_steps=256,
                       bench_steps=60, workers=2)
     text = text_of(nb)
-    assert "dashboard: http" in text
-    assert "/daskvec" in text
+    assert "Dask dashboard: http" in text
+    assert "daskvec page: http" in text and "/daskvec" in text  # checked with the scheduler
     assert "2048 timesteps" in text
     # both vec envs were measured on both envs, and the two plots were drawn
     for cls in ("SubprocVecEnv", "DaskVecEnv"):
@@ -94,6 +94,7 @@ def test_hpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = text_of(nb)
     assert "#PBS -l walltime=04:00:00" in text
     assert "#SBATCH -t 00:10:00" in text
+    assert "daskvec page: http" in text  # cluster_for_envs' scheduler serves the page, and it was checked
     assert "cancelled job" in text and "training finished at 2048" in text
     assert "'reason': 'worker_lost'" in text
     assert "envs moved:" in text

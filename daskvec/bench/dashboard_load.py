@@ -25,6 +25,7 @@ import numpy as np
 from daskvec.bench.envs import action_cycle
 from daskvec.bench.measure import _median, _run_window, _Stepper
 from daskvec.bench.scenarios import _ACTION_CYCLE, Options, _cases
+from daskvec.dashboard_link import served_pages as bokeh_routes  # the Bokeh app routes a scheduler serves
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +35,6 @@ __all__ = ["bokeh_connections", "bokeh_routes", "find_dashboard_route", "measure
 def _http_json(url: str, timeout: float = 10.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read().decode())
-
-
-def bokeh_routes(dask_scheduler: Any = None) -> list[str]:
-    """The Bokeh app routes a scheduler's dashboard serves (run through ``client.run_on_scheduler``)."""
-    routes: list[str] = []
-    for app in getattr(getattr(dask_scheduler, "http_application", None), "applications", []):
-        contexts = getattr(app, "applications", None)
-        if isinstance(contexts, dict):
-            routes.extend(str(path) for path in contexts)
-    return sorted(routes)
 
 
 def find_dashboard_route(client: Any, base: str | None, route: str | None = None) -> str | None:

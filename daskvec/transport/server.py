@@ -42,10 +42,10 @@ _HOT: set[int] = set()
 _POLL_MISSES = 8
 
 
-def check_busy_poll(value: Any) -> float:
-    """``value`` as a busy-poll budget in seconds, or ``ValueError`` if it is not one (0 to 0.1)."""
+def check_busy_poll(value: Any, name: str = "busy_poll") -> float:
+    """``value`` as a busy-poll budget in seconds, or ``ValueError`` naming ``name`` if it is not one (0 to 0.1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 0.1:
-        raise ValueError(f"busy_poll must be a number of seconds between 0 and 0.1, not {value!r}")
+        raise ValueError(f"{name} must be a number of seconds between 0 and 0.1, not {value!r}")
     return float(value)
 
 

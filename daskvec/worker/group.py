@@ -28,7 +28,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec import metrics
+from daskvec import config, metrics
 from daskvec.errors import EnvRestartBudgetExceeded
 from daskvec.protocol import Command, RemoteError, ResetReply, StepReply, restart_seed
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
@@ -155,7 +155,8 @@ class EnvGroup:
         Unix socket).
     busy_poll : float, optional
         Seconds the direct channel polls for the next request after each reply
-        (see :class:`daskvec.transport.ChannelServer`).
+        (see :class:`daskvec.transport.ChannelServer`); ``None``: this worker's Dask
+        config ``daskvec.busy-poll`` (see :func:`daskvec.config.worker_busy_poll`).
     """
 
     def __init__(
@@ -172,10 +173,12 @@ class EnvGroup:
         worker_address: str | None = None,
         listen_host: str | None = None,
         unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
-        busy_poll: float = 0.0,
+        busy_poll: float | None = 0.0,
     ) -> None:
         self._worker = probes.current_worker()
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
+        # the direct channel's budget (checked before any env is built): given, or this worker's config
+        self.busy_poll = None if token is None else config.worker_busy_poll(busy_poll, self.worker_address)
         self.env_indices = list(env_indices)
         self.on_env_error = on_env_error
         self.max_restarts = max_restarts
@@ -201,7 +204,7 @@ class EnvGroup:
                 _weak_dispatch(weakref.ref(self)),
                 name="daskvec-group",
                 unix_dir=probes.unix_dir(self._worker) if isinstance(unix_dir, _WorkerDirectory) else unix_dir,
-                busy_poll=busy_poll,
+                busy_poll=self.busy_poll or 0.0,
             )
         # Closes the channel and the envs once: from shutdown(), or when the group is
         # garbage collected because Dask dropped the actor without a shutdown (its client
@@ -271,6 +274,7 @@ class EnvGroup:
             "pid": os.getpid(),
             "deadline": self.deadline,
             "profiler_hazard": probes.profiler_hazard(self._worker),
+            "busy_poll": self.busy_poll,
         }
 
     def refused_connections(self) -> int:

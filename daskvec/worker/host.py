@@ -28,6 +28,7 @@ from typing import Any
 import cloudpickle
 
 from daskvec import metrics
+from daskvec.config import worker_busy_poll
 from daskvec.protocol import Command, RemoteError
 from daskvec.transport import ChannelError, DirectChannel, pack, unpack
 from daskvec.worker import probes
@@ -78,7 +79,7 @@ class EnvHost:
         token: bytes | None = None,
         *group_options: Any,
         build_timeout: float = 300.0,
-        busy_poll: float = 0.0,
+        busy_poll: float | None = 0.0,
         rebuilds: list[int] | None = None,
         base_seeds: list[int | None] | None = None,
     ) -> None:
@@ -96,7 +97,8 @@ class EnvHost:
                 "worker_address": self.worker_address,
                 "listen_host": probes.listen_host(worker) if token is not None else "127.0.0.1",
                 "unix_dir": probes.unix_dir(worker),
-                "busy_poll": busy_poll,
+                # read here, in the worker, whose Dask config the env process may not share
+                "busy_poll": worker_busy_poll(busy_poll, self.worker_address),
                 "rebuilds": rebuilds,
                 "base_seeds": base_seeds,
             },
