@@ -56,6 +56,7 @@ class Options:
     migrate_before: float = 120.0
     auto_rebalance: bool = False
     rebalance_interval: float = 10.0
+    cache_action_masks: bool = True  # issue 14 (sb3x)
 
     @classmethod
     def create(
@@ -76,6 +77,7 @@ class Options:
         migrate_before: float = 120.0,
         auto_rebalance: bool = False,
         rebalance_interval: float = 10.0,
+        cache_action_masks: bool = True,
     ) -> Options:
         """Check every option and return them; ``step_timeout`` defaults to ``timeout``.
 
@@ -96,6 +98,8 @@ class Options:
             raise TypeError(f"env_process must be True or False, not {env_process!r}")
         if migrate_before is None or isinstance(migrate_before, bool) or not migrate_before >= 0:
             raise ValueError(f"migrate_before must be a number of seconds >= 0, not {migrate_before!r}")
+        if not isinstance(cache_action_masks, bool):
+            raise TypeError(f"cache_action_masks must be True or False, not {cache_action_masks!r}")
         timeout_s = _seconds("timeout", timeout)
         return cls(
             envs_per_actor=envs_per_actor,
@@ -113,6 +117,7 @@ class Options:
             migrate_before=float(migrate_before),
             auto_rebalance=bool(auto_rebalance),
             rebalance_interval=_seconds("rebalance_interval", rebalance_interval),
+            cache_action_masks=cache_action_masks,
         )
 
 
