@@ -69,6 +69,7 @@ class DaskExperimentManager(ExperimentManager):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.vec_env_class = DaskVecEnv  # what default_vec_env_cls does, whatever --vec-env said
         self.vec_env_kwargs = dict(self.dask_vec_env_kwargs)
         # the workers write the Monitor files: give them paths that do not depend on their cwd
         self.log_path = os.path.abspath(self.log_path)

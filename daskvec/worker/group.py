@@ -300,7 +300,6 @@ class EnvGroup:
             "pid": os.getpid(),
             "deadline": self.deadline,
             "profiler_hazard": probes.profiler_hazard(self._worker),
-            "masks": self._masks_on,
         }
 
     def refused_connections(self) -> int:
