@@ -43,6 +43,7 @@ class ActionMaskCache:
 
     def __init__(self, n_envs: int) -> None:
         self._rows: list[np.ndarray | None] = [None] * n_envs
+        self._any = False  # whether a row may be known: envs without masks cost nothing per step
         self.hits = 0
         self.misses = 0
 
@@ -51,14 +52,18 @@ class ActionMaskCache:
         if masks is None:
             self.forget(env_indices)
             return
+        self._any = True
         owned = np.array(masks, copy=True)  # the reply's buffer may be reused
         for pos, i in enumerate(env_indices):
             self._rows[i] = owned[pos]
 
     def forget(self, indices: Iterable[int] | None = None) -> None:
         """Forget the masks of ``indices`` (all envs when ``None``)."""
+        if not self._any:
+            return
         if indices is None:
             self._rows = [None] * len(self._rows)
+            self._any = False
             return
         for i in indices:
             self._rows[i] = None

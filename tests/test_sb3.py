@@ -149,6 +149,41 @@ def test_metrics_land_in_sb3_csv_log_with_restart_counts(dclient: Any, tmp_path:
     assert callback.last["daskvec/restarts"] == 2
 
 
+@pytest.mark.timeout(180)
+def test_metrics_count_a_lost_worker(dask_processes: Any, tmp_path: Path) -> None:
+    """SIGKILL of one of 2 ``dask worker`` processes during PPO: its envs count as restarts for
+    ``worker_lost``, the worker as lost, and the layout figures follow."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from test_faults import group_pids, process_of
+
+    procs = dask_processes(2)
+    env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 4, client=procs.address, timeout=60,
+                     worker_wait_timeout=60)
+    killed: list[int] = []
+
+    class KillAfterFirstRollout(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            if self.num_timesteps > 0 and not killed:
+                pid, indices = next(iter(group_pids(env).items()))
+                killed.extend(indices)
+                procs.kill_worker(process_of(procs, pid))
+
+        def _on_step(self) -> bool:
+            return True
+
+    with env:
+        model = PPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32, n_epochs=1)
+        model.set_logger(configure(str(tmp_path), ["csv"]))
+        model.learn(4 * 16 * 3, callback=[KillAfterFirstRollout(), DaskVecEnvMetrics()])
+        log = list(env.restart_log)
+    rows = read_csv(tmp_path / "progress.csv")
+    assert len(killed) == 2 and sorted(e["env"] for e in log) == sorted(killed)
+    assert [float(r["daskvec/restarts/worker_lost"]) for r in rows] == [0, 2, 2]
+    assert [float(r["daskvec/lost_workers"]) for r in rows] == [0, 1, 1]
+    assert [float(r["daskvec/workers"]) for r in rows] == [2, 1, 1]
+    assert float(rows[-1]["daskvec/envs_per_worker_max"]) == 4
+
+
 def test_metrics_with_tensorboard_log_and_progress_bar(dclient: Any, tmp_path: Path) -> None:
     """``tensorboard_log=`` and ``progress_bar=True``, the DaskVecEnv under VecNormalize: the scalars are written."""
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
