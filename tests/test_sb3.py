@@ -151,14 +151,14 @@ def test_metrics_land_in_sb3_csv_log_with_restart_counts(dclient: Any, tmp_path:
 
 @pytest.mark.timeout(180)
 def test_metrics_count_a_lost_worker(dask_processes: Any, tmp_path: Path) -> None:
-    """SIGKILL of one of 2 ``dask worker`` processes during PPO: its envs count as restarts for
-    ``worker_lost``, the worker as lost, and the layout figures follow."""
+    """SIGKILL of one of 2 ``dask worker`` processes during MaskablePPO: its envs count as restarts
+    for ``worker_lost``, the worker as lost, and the layout figures follow. The rebuilt envs' masks
+    came with their reset replies: every mask the learner asked for was in the cache."""
     from stable_baselines3.common.callbacks import BaseCallback
     from test_faults import group_pids, process_of
 
     procs = dask_processes(2)
-    env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 4, client=procs.address, timeout=60,
-                     worker_wait_timeout=60)
+    env = DaskVecEnv([MaskedEnv] * 4, client=procs.address, timeout=60, worker_wait_timeout=60)
     killed: list[int] = []
 
     class KillAfterFirstRollout(BaseCallback):
@@ -172,10 +172,12 @@ def test_metrics_count_a_lost_worker(dask_processes: Any, tmp_path: Path) -> Non
             return True
 
     with env:
-        model = PPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32, n_epochs=1)
+        model = sb3_contrib.MaskablePPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32,
+                                        n_epochs=1)
         model.set_logger(configure(str(tmp_path), ["csv"]))
         model.learn(4 * 16 * 3, callback=[KillAfterFirstRollout(), DaskVecEnvMetrics()])
         log = list(env.restart_log)
+        assert (env._masks.hits, env._masks.misses) == (3 * 16, 0)
     rows = read_csv(tmp_path / "progress.csv")
     assert len(killed) == 2 and sorted(e["env"] for e in log) == sorted(killed)
     assert [float(r["daskvec/restarts/worker_lost"]) for r in rows] == [0, 2, 2]

@@ -35,14 +35,15 @@ def zoo_hyperparams(algo: str, env_id: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(240)
 def test_zoo_trains_ppo_on_cartpole_from_the_zoos_hyperparameters(
-    cluster2: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster2: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from stable_baselines3 import PPO
 
+    monkeypatch.chdir(tmp_path)  # a relative log folder, as users give it; the workers' cwd is elsewhere
     logs = tmp_path / "logs"
     code = cli.main(["zoo", "--scheduler", cluster2.scheduler_address,  # daskvec's options ...
                      "--algo", "ppo", "--env", "CartPole-v1", "-n", "2048", "--eval-freq", "-1",  # ... the zoo's
-                     "-f", str(logs), "--seed", "3", "--device", "cpu", "--num-threads", "1"])
+                     "-f", "logs", "--seed", "3", "--device", "cpu", "--num-threads", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     (experiment,) = (logs / "ppo").iterdir()
