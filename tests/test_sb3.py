@@ -20,7 +20,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormali
 from test_transport import same, step_reply, wire
 
 from daskvec import DaskVecEnv, DaskVecEnvMetrics
-from daskvec.sb3_logger import PREFIX, RESTART_REASONS, RestartTally
+from daskvec.sb3_logger import PREFIX, RESTART_REASONS, RestartTally, _Mark, layout_figures, timing_figures
 from daskvec.transport import ActorChannel, DirectChannel, decode, encode, pack, unpack
 
 sb3_contrib = pytest.importorskip("sb3_contrib", reason="sb3-contrib is not installed (pip install -e '.[test]')")
@@ -230,6 +230,17 @@ def test_restart_tally_counts_reasons_and_lost_workers() -> None:
     fig = tally.figures()
     assert fig["restarts"] == 5 and fig["lost_workers"] == 2
     assert [fig[f"restarts/{r}"] for r in RESTART_REASONS] == [1, 2, 1, 1]
+
+
+def test_timing_and_layout_figures() -> None:
+    """100 vec-steps of 8 envs in 2 s: 0.1 s on the client, 0.05 s in transit, 0.05 s in the envs."""
+    fig = timing_figures(_Mark(10.0, 50, 1.0, 1.0, 1.0), _Mark(12.0, 150, 1.1, 1.05, 1.05), num_envs=8)
+    assert fig == pytest.approx({"env_steps_per_s": 400.0, "step_client_ms": 1.0, "step_transit_ms": 0.5,
+                                 "step_env_ms": 0.5, "share_client": 0.5, "share_transit": 0.25, "share_env": 0.25})
+    idle = timing_figures(_Mark(1.0, 5, 0, 0, 0), _Mark(2.0, 5, 0, 0, 0), num_envs=8)
+    assert set(idle.values()) == {0.0}
+    groups = [{"worker": "a", "envs": [0, 1]}, {"worker": "a", "envs": [2]}, {"worker": "b", "envs": [3]}]
+    assert layout_figures(groups) == {"workers": 2.0, "envs_per_worker_min": 1.0, "envs_per_worker_max": 3.0}
 
 
 # --------------------------------------------------------------------------- sb3-contrib
