@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -150,11 +151,14 @@ def run(n_envs: int, timesteps: int, repeat: int, scheduler: str | None = None, 
     finally:
         if cluster is not None:
             cluster.close()
-    out: dict[str, Any] = {"n_envs": n_envs, "timesteps": timesteps, "repeat": repeat, "workers": workers, "runs": runs}
+    out: dict[str, Any] = {"n_envs": n_envs, "timesteps": timesteps, "repeat": repeat, "workers": workers,
+                           "load_average": os.getloadavg(), "runs": runs}
     for key in ("env_steps_per_s", "collect_env_steps_per_s"):
         on = statistics.median(r[key] for r in runs if r["cache"])
         off = statistics.median(r[key] for r in runs if not r["cache"])
-        out[key] = {"cache": on, "no_cache": off, "ratio": on / off}
+        # each pair ran back to back, so its ratio is less exposed to the machine's drift
+        pairs = [a[key] / b[key] if a["cache"] else b[key] / a[key] for a, b in zip(runs[::2], runs[1::2], strict=True)]
+        out[key] = {"cache": on, "no_cache": off, "ratio": on / off, "pair_ratios": pairs}
     return out
 
 
@@ -171,13 +175,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.n_envs, args.timesteps, args.repeat) < 1:
         parser.error("--n-envs, --timesteps and --repeat must be positive")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    results = run(args.n_envs, args.timesteps, args.repeat, args.scheduler, args.seed)
+    from daskvec.bench.command import _quiet_logs
+
+    with _quiet_logs():  # the embedded cluster's INFO lines would bury the figures
+        results = run(args.n_envs, args.timesteps, args.repeat, args.scheduler, args.seed)
     print(f"MaskablePPO, {args.n_envs} MaskedCycleEnvs on {results['workers']} workers, "
           f"{args.timesteps} timesteps x {args.repeat} runs each (medians):")
     for key, label in (("env_steps_per_s", "learn()"), ("collect_env_steps_per_s", "rollout collection")):
         r = results[key]
+        pairs = ", ".join(f"{x:.2f}" for x in r["pair_ratios"])
         print(f"  {label:20s} cache {r['cache']:8.0f}  no cache {r['no_cache']:8.0f}  env-steps/s  "
-              f"ratio {r['ratio']:.2f}x")
+              f"ratio {r['ratio']:.2f}x (pairs: {pairs})")
+    print(f"load average at the end: {', '.join(f'{x:.1f}' for x in results['load_average'])}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
