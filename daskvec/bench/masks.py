@@ -5,7 +5,10 @@ With ``cache_action_masks=True`` (the default) the masks travel with the step re
 and that call costs no round trip; with ``False`` it costs one more round trip per group
 per step. This script trains ``MaskablePPO`` on cheap maskable envs both ways, in
 alternation on one cluster, and reports env-steps/s of the whole ``learn`` and of the
-rollout collection alone (the part the cache speeds up), medians over ``--repeat`` runs.
+rollout collection alone (the part the cache speeds up): the medians over ``--repeat``
+runs each way, and the median ratio of the back-to-back pairs (less exposed to a shared
+machine's drift), with the client/transit/env split of each vec-step (the extra round
+trip shows in the client's share: it happens between two steps).
 
 .. code-block:: console
 
@@ -97,7 +100,9 @@ def _rollout_timer() -> Any:
     return RolloutTimer()
 
 
-def measure(cache: bool, client: Any, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, Any]:
+def measure(
+    cache: bool, client: Any, n_envs: int, timesteps: int, seed: int = 0, **vec_env_kwargs: Any
+) -> dict[str, Any]:
     """Train MaskablePPO for ``timesteps`` on ``n_envs`` MaskedCycleEnvs; return its rates.
 
     Returns
@@ -110,7 +115,7 @@ def measure(cache: bool, client: Any, n_envs: int, timesteps: int, seed: int = 0
 
     from daskvec.vec_env import DaskVecEnv
 
-    env = DaskVecEnv([MaskedCycleEnv] * n_envs, client=client, cache_action_masks=cache)
+    env = DaskVecEnv([MaskedCycleEnv] * n_envs, client=client, cache_action_masks=cache, **vec_env_kwargs)
     try:
         model = MaskablePPO("MlpPolicy", env, device="cpu", seed=seed, n_steps=64, batch_size=256, n_epochs=1)
         timer = _rollout_timer()
@@ -119,6 +124,8 @@ def measure(cache: bool, client: Any, n_envs: int, timesteps: int, seed: int = 0
         wall = time.perf_counter() - start
         steps = int(model.num_timesteps)
         hits = env._masks.hits
+        t = env.timer
+        split = {f"{k}_ms_per_vec_step": v / max(t.vec_steps, 1) * 1e3 for k, v in t.totals().items()}
     finally:
         env.close()
     return {
@@ -127,10 +134,13 @@ def measure(cache: bool, client: Any, n_envs: int, timesteps: int, seed: int = 0
         "env_steps_per_s": steps / wall,
         "collect_env_steps_per_s": steps / max(timer.seconds, 1e-9),
         "mask_cache_hits": hits,
+        **split,
     }
 
 
-def run(n_envs: int, timesteps: int, repeat: int, scheduler: str | None = None, seed: int = 0) -> dict[str, Any]:
+def run(
+    n_envs: int, timesteps: int, repeat: int, scheduler: str | None = None, seed: int = 0, **vec_env_kwargs: Any
+) -> dict[str, Any]:
     """Alternate runs with and without the cache on one cluster; medians and their ratio."""
     import torch
     from distributed import Client
@@ -141,24 +151,36 @@ def run(n_envs: int, timesteps: int, repeat: int, scheduler: str | None = None, 
     cluster = embedded_cluster() if scheduler is None else None
     try:
         with Client(cluster or scheduler, direct_to_workers=True, set_as_default=False) as client:
-            measure(True, client, n_envs, min(timesteps, 2048), seed)  # warm-up: imports, first actors
+            measure(True, client, n_envs, min(timesteps, 2048), seed, **vec_env_kwargs)  # warm-up: imports, actors
             runs: list[dict[str, Any]] = []
             for k in range(repeat):
                 for cache in (True, False) if k % 2 == 0 else (False, True):
-                    runs.append(measure(cache, client, n_envs, timesteps, seed))
+                    runs.append(measure(cache, client, n_envs, timesteps, seed, **vec_env_kwargs))
                     logger.info("%s", runs[-1])
             workers = len(client.scheduler_info()["workers"])
     finally:
         if cluster is not None:
             cluster.close()
-    out: dict[str, Any] = {"n_envs": n_envs, "timesteps": timesteps, "repeat": repeat, "workers": workers,
-                           "load_average": os.getloadavg(), "runs": runs}
+    out: dict[str, Any] = {
+        "n_envs": n_envs,
+        "timesteps": timesteps,
+        "repeat": repeat,
+        "workers": workers,
+        "options": vec_env_kwargs,
+        "load_average": os.getloadavg(),
+        "runs": runs,
+    }
     for key in ("env_steps_per_s", "collect_env_steps_per_s"):
         on = statistics.median(r[key] for r in runs if r["cache"])
         off = statistics.median(r[key] for r in runs if not r["cache"])
         # each pair ran back to back, so its ratio is less exposed to the machine's drift
         pairs = [a[key] / b[key] if a["cache"] else b[key] / a[key] for a, b in zip(runs[::2], runs[1::2], strict=True)]
-        out[key] = {"cache": on, "no_cache": off, "ratio": on / off, "pair_ratios": pairs}
+        out[key] = {"cache": on, "no_cache": off, "ratio": statistics.median(pairs), "pair_ratios": pairs}
+    for part in ("client", "transit", "env"):
+        key = f"{part}_ms_per_vec_step"
+        out[key] = {
+            c: statistics.median(r[key] for r in runs if r["cache"] is (c == "cache")) for c in ("cache", "no_cache")
+        }
     return out
 
 
@@ -170,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs with and without the cache (default 3)")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS", help="default: an embedded LocalCluster")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--busy-poll", type=float, default=None, help="DaskVecEnv's busy_poll (default: its own)")
+    parser.add_argument("--envs-per-actor", type=int, default=None, help="DaskVecEnv's envs_per_actor")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="also write the results there")
     args = parser.parse_args(argv)
     if min(args.n_envs, args.timesteps, args.repeat) < 1:
@@ -178,14 +202,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from daskvec.bench.command import _quiet_logs
 
     with _quiet_logs():  # the embedded cluster's INFO lines would bury the figures
-        results = run(args.n_envs, args.timesteps, args.repeat, args.scheduler, args.seed)
-    print(f"MaskablePPO, {args.n_envs} MaskedCycleEnvs on {results['workers']} workers, "
-          f"{args.timesteps} timesteps x {args.repeat} runs each (medians):")
+        options = {"envs_per_actor": args.envs_per_actor}
+        if args.busy_poll is not None:
+            options["busy_poll"] = args.busy_poll
+        results = run(args.n_envs, args.timesteps, args.repeat, args.scheduler, args.seed, **options)
+    print(
+        f"MaskablePPO, {args.n_envs} MaskedCycleEnvs on {results['workers']} workers, "
+        f"{args.timesteps} timesteps x {args.repeat} runs each (medians):"
+    )
     for key, label in (("env_steps_per_s", "learn()"), ("collect_env_steps_per_s", "rollout collection")):
         r = results[key]
         pairs = ", ".join(f"{x:.2f}" for x in r["pair_ratios"])
-        print(f"  {label:20s} cache {r['cache']:8.0f}  no cache {r['no_cache']:8.0f}  env-steps/s  "
-              f"ratio {r['ratio']:.2f}x (pairs: {pairs})")
+        print(
+            f"  {label:20s} cache {r['cache']:8.0f}  no cache {r['no_cache']:8.0f}  env-steps/s  "
+            f"median ratio of back-to-back pairs {r['ratio']:.2f}x (pairs: {pairs})"
+        )
+    split = {
+        c: "/".join(f"{results[f'{p}_ms_per_vec_step'][c]:.2f}" for p in ("client", "transit", "env"))
+        for c in ("cache", "no_cache")
+    }
+    print(f"  ms per vec-step, client/transit/env: cache {split['cache']}, no cache {split['no_cache']}")
     print(f"load average at the end: {', '.join(f'{x:.1f}' for x in results['load_average'])}")
     if args.out:
         with open(args.out, "w") as f:
