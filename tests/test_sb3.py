@@ -283,12 +283,15 @@ def test_maskable_ppo_one_round_trip_per_group_per_step(cache: bool, dclient: An
     assert env._masks.hits == (vec_steps if cache else 0)
 
 
-def test_action_mask_cache_follows_the_envs(dclient: Any, sends: dict[str, int]) -> None:
+@pytest.mark.parametrize("options", [{}, {"transport": "actor", "env_process": True}], ids=["direct", "actor-process"])
+def test_action_mask_cache_follows_the_envs(options: dict[str, Any], dclient: Any, sends: dict[str, int]) -> None:
     """Masks come with every reply; set_attr and other env_method calls send the next mask call to the envs;
-    a restarted env's fresh mask comes with the step that rebuilt it."""
+    a restarted env's fresh mask comes with the step that rebuilt it. Either transport, envs in the worker or
+    in a process of their own."""
     fns = [MaskedEnv, functools.partial(MaskedEnv, fail_at=2), MaskedEnv, MaskedEnv]
-    env = DaskVecEnv(fns, client=dclient, envs_per_actor=2, on_env_error="restart")
+    env = DaskVecEnv(fns, client=dclient, envs_per_actor=2, on_env_error="restart", **options)
     try:
+        assert {g["transport"] for g in env.groups} == {options.get("transport", "direct")}
         env.reset()
         sends["n"] = 0
         masks = env.env_method("action_masks")
