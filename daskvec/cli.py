@@ -278,7 +278,8 @@ def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
     Returns
     -------
     int
-        0 on success, 1 when rl_zoo3 is missing or the options do not fit together.
+        0 on success, 1 when rl_zoo3 is missing, the options do not fit together, or the zoo
+        or the cluster refused them.
     """
     try:
         from daskvec.zoo import train_zoo
@@ -290,9 +291,13 @@ def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
               file=sys.stderr)
         return 1
     forwarded = list(zoo_args[1:] if zoo_args[:1] == ["--"] else zoo_args)
-    run = train_zoo(forwarded, args.scheduler, n_workers=args.n_workers, record_metrics=not args.no_daskvec_metrics,
-                    envs_per_actor=args.envs_per_actor, transport=args.transport, timeout=args.timeout,
-                    on_env_error=args.on_env_error)
+    try:
+        run = train_zoo(forwarded, args.scheduler, n_workers=args.n_workers,
+                        record_metrics=not args.no_daskvec_metrics, envs_per_actor=args.envs_per_actor,
+                        transport=args.transport, timeout=args.timeout, on_env_error=args.on_env_error)
+    except ValueError as e:  # the zoo's own checks (env id, hyperparameters) and unreachable schedulers
+        print(f"daskvec zoo: {e}", file=sys.stderr)
+        return 1
     for path in run.save_paths:
         print(f"daskvec zoo: experiment saved in {path}", flush=True)
     return 0

@@ -67,3 +67,9 @@ def test_zoo_refuses_n_workers_with_a_scheduler(capsys: pytest.CaptureFixture[st
     code = cli.main(["zoo", "--scheduler", "tcp://127.0.0.1:1", "--n-workers", "2", "--algo", "ppo"])
     assert code == 1
     assert "--n-workers sizes the embedded cluster" in capsys.readouterr().err
+
+
+def test_zoo_reports_its_own_errors(cluster2: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["zoo", "--scheduler", cluster2.scheduler_address, "--algo", "ppo", "--env", "CartPol-v1"])
+    assert code == 1
+    assert "daskvec zoo: CartPol-v1 not found in gym registry, you maybe meant CartPole-v1" in capsys.readouterr().err
