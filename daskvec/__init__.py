@@ -13,6 +13,8 @@ The package is laid out by role:
 - :mod:`daskvec.metrics` and :mod:`daskvec.dashboard` -- figures and the dashboard page;
 - :mod:`daskvec.cli` and :mod:`daskvec.bench` -- the ``daskvec`` command and benchmarks;
 - :mod:`daskvec.config` -- the ``daskvec.*`` keys of Dask's config, registered on import.
+- :mod:`daskvec.sb3_logger` (:class:`DaskVecEnvMetrics`, figures in SB3's logger),
+  :mod:`daskvec.masks` (action masks with the replies) and :mod:`daskvec.zoo` (RL Zoo).
 
 See docs/architecture.md. ``DaskVecEnv`` is imported lazily so that worker processes,
 which only need :mod:`daskvec.worker`, never import Stable-Baselines3 or torch.
@@ -36,6 +38,7 @@ from daskvec.errors import (
 )
 
 if TYPE_CHECKING:
+    from daskvec.sb3_logger import DaskVecEnvMetrics
     from daskvec.vec_env import DaskVecEnv
 
 __version__ = "0.1.0"
@@ -45,6 +48,7 @@ __all__ = [
     "ClosedEnvError",
     "DaskVecEnv",
     "DaskVecEnvError",
+    "DaskVecEnvMetrics",
     "EnvRestartBudgetExceeded",
     "NoAsyncCallError",
     "RemoteEnvError",
@@ -64,4 +68,8 @@ def __getattr__(name: str) -> Any:
         # the daskvec dashboard page. Workers never get here (they import daskvec.worker).
         install_dashboard_page()
         return DaskVecEnv
+    if name == "DaskVecEnvMetrics":  # issue 14: the SB3 logger callback (imports Stable-Baselines3)
+        from daskvec.sb3_logger import DaskVecEnvMetrics
+
+        return DaskVecEnvMetrics
     raise AttributeError(f"module 'daskvec' has no attribute {name!r}")

@@ -11,12 +11,17 @@
 ``daskvec bench ...``
     Benchmarks (see :mod:`daskvec.bench`).
 
+``daskvec zoo [daskvec options] ZOO_ARGS...``
+    rl_zoo3's ``train`` with its envs in DaskVecEnvs (see :mod:`daskvec.zoo`): every
+    argument that is not one of daskvec's goes to the zoo.
+
 Examples
 --------
 .. code-block:: console
 
     $ daskvec train CartPole-v1 --algo ppo --n-envs 8 --timesteps 25000 --save ppo_cartpole
     $ daskvec train CartPole-v1 --scheduler tcp://10.0.0.1:8786 --envs-per-actor 4
+    $ daskvec zoo --n-workers 2 --algo ppo --env CartPole-v1 -n 20000
 """
 
 from __future__ import annotations
@@ -83,7 +88,27 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra arguments of the algorithm, e.g. n_steps=256 learning_rate=1e-3")
     parser.add_argument("--device", default="cpu", help="torch device for the agent (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.add_argument("--tensorboard-log", metavar="DIR", default=None,
+                        help="write SB3's TensorBoard logs there, daskvec's figures included (needs tensorboard)")
     _add_common(parser)
+
+
+def _add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
+    """daskvec's own options of ``daskvec zoo``; the zoo's are forwarded, so none may share a name with them."""
+    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                        help="Dask scheduler address (default: an embedded LocalCluster for the whole run)")
+    parser.add_argument("--n-workers", type=_positive_int, default=None,
+                        help="workers of the embedded cluster (default: one per core)")
+    parser.add_argument("--envs-per-actor", type=_positive_int, default=None,
+                        help="envs per Dask actor (default: one actor per worker)")
+    parser.add_argument("--transport", choices=("auto", "direct", "actor"), default="auto",
+                        help="how steps reach the actors (default: auto)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds any single wait for the cluster may take (default: 300)")
+    parser.add_argument("--on-env-error", choices=("raise", "restart"), default="raise",
+                        help="re-raise an env's exception, or rebuild the env (default: raise)")
+    parser.add_argument("--no-daskvec-metrics", action="store_true",
+                        help="do not add daskvec's figures to the zoo's logs")
 
 
 def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
@@ -108,6 +133,12 @@ def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
     train_p = sub.add_parser("train", help="train an SB3 agent with its envs on a Dask cluster",
                              description="Train an SB3 agent with its envs in a DaskVecEnv.")
     _add_train_arguments(train_p)
+    zoo_p = sub.add_parser("zoo", help="train an RL Zoo (rl_zoo3) configuration with its envs on a Dask cluster",
+                           description="rl_zoo3's train with its envs in DaskVecEnvs. Every argument that is not "
+                           "listed here goes to the zoo (see `python -m rl_zoo3.train --help`), e.g. "
+                           "`daskvec zoo --n-workers 2 --algo ppo --env CartPole-v1 -n 20000`.",
+                           allow_abbrev=False)
+    _add_zoo_arguments(zoo_p)
     bench_p = sub.add_parser("bench", help="benchmark DaskVecEnv against SB3's vec envs",
                              description="Benchmark DaskVecEnv against SB3's vec envs.")
     if with_bench:
@@ -152,6 +183,14 @@ def _has_progress_bar_deps() -> bool:
     return True
 
 
+def _has_tensorboard() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def train(args: argparse.Namespace) -> int:
     """Run ``daskvec train`` with parsed ``args``; returns the exit code.
 
@@ -170,8 +209,12 @@ def train(args: argparse.Namespace) -> int:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
+    from daskvec.sb3_logger import DaskVecEnvMetrics
     from daskvec.vec_env import DaskVecEnv
 
+    if args.tensorboard_log and not _has_tensorboard():
+        print("daskvec train: --tensorboard-log needs tensorboard: pip install tensorboard", file=sys.stderr)
+        return 1
     vec_kwargs: dict[str, Any] = {
         "client": args.scheduler,
         "envs_per_actor": args.envs_per_actor,
@@ -193,14 +236,16 @@ def train(args: argparse.Namespace) -> int:
             print(line, flush=True)
         algo = _algo_class(args.algo)
         model = algo(_policy_for(env.observation_space), env, device=args.device, seed=args.seed, verbose=0,
-                     **dict(args.hyperparams))
+                     tensorboard_log=args.tensorboard_log, **dict(args.hyperparams))
         progress = not args.no_progress and _has_progress_bar_deps()
         start = time.perf_counter()
-        model.learn(total_timesteps=args.timesteps, progress_bar=progress)
+        model.learn(total_timesteps=args.timesteps, progress_bar=progress, callback=DaskVecEnvMetrics())
         elapsed = time.perf_counter() - start
         steps = int(model.num_timesteps)
         print(f"trained {args.algo.upper()} for {steps} env steps in {elapsed:.1f} s: "
               f"{steps / max(elapsed, 1e-9):.0f} env-steps/s", flush=True)
+        if args.tensorboard_log:
+            print(f"TensorBoard logs (daskvec/* figures included) in {args.tensorboard_log}", flush=True)
         if args.save:
             model.save(args.save)
             saved = args.save if str(args.save).endswith(".zip") else f"{args.save}.zip"
@@ -220,6 +265,44 @@ def train(args: argparse.Namespace) -> int:
         mean, std = float(np.mean(rewards)), float(np.std(rewards))
         print(f"evaluated mean reward: {mean:.2f} +/- {std:.2f} over {args.eval_episodes} episodes",
               flush=True)
+    return 0
+
+
+def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
+    """Run ``daskvec zoo``: rl_zoo3's ``train`` with ``zoo_args``, its envs in DaskVecEnvs.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        daskvec's options of the ``zoo`` command, as parsed by :func:`build_parser`.
+    zoo_args : sequence of str
+        Everything else, for the zoo.
+
+    Returns
+    -------
+    int
+        0 on success, 1 when rl_zoo3 is missing, the options do not fit together, or the zoo
+        or the cluster refused them.
+    """
+    try:
+        from daskvec.zoo import train_zoo
+    except ImportError as e:
+        print(f'daskvec zoo needs rl_zoo3 ({e}): pip install "daskvec[zoo]"', file=sys.stderr)
+        return 1
+    if args.n_workers is not None and args.scheduler is not None:
+        print("daskvec zoo: --n-workers sizes the embedded cluster; with --scheduler the cluster's workers are used",
+              file=sys.stderr)
+        return 1
+    forwarded = list(zoo_args[1:] if zoo_args[:1] == ["--"] else zoo_args)
+    try:
+        run = train_zoo(forwarded, args.scheduler, n_workers=args.n_workers,
+                        record_metrics=not args.no_daskvec_metrics, envs_per_actor=args.envs_per_actor,
+                        transport=args.transport, timeout=args.timeout, on_env_error=args.on_env_error)
+    except ValueError as e:  # the zoo's own checks (env id, hyperparameters) and unreachable schedulers
+        print(f"daskvec zoo: {e}", file=sys.stderr)
+        return 1
+    for path in run.save_paths:
+        print(f"daskvec zoo: experiment saved in {path}", flush=True)
     return 0
 
 
@@ -243,8 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as e:
         print(f"daskvec bench is not available: {e}", file=sys.stderr)
         return 1
-    args = parser.parse_args(argv)
+    if command == "zoo":  # the zoo's own arguments pass through
+        args, zoo_args = parser.parse_known_args(argv)
+    else:
+        args, zoo_args = parser.parse_args(argv), []
     _configure_logging(bool(getattr(args, "verbose", False)))
+    if args.command == "zoo":
+        return zoo(args, zoo_args)
     if args.command == "train":
         with contextlib.suppress(KeyboardInterrupt):
             return train(args)

@@ -92,6 +92,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "migrate_before": _non_negative_seconds,
     "auto_rebalance": _flag,
     "rebalance_interval": _seconds,
+    "cache_action_masks": _flag,
 }
 #: Options a worker reads from its own config when not given (see :func:`daskvec.config.worker_busy_poll`).
 _WORKER_SIDE = frozenset({"busy_poll"})
@@ -120,6 +121,7 @@ class Options:
     migrate_before: float = 120.0
     auto_rebalance: bool = False
     rebalance_interval: float = 10.0
+    cache_action_masks: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -220,6 +220,7 @@ class GroupPool:
             "busy_poll": self.options.busy_poll,
             "rebuilds": [int(history.restart_counts[i]) for i in indices],
             "base_seeds": [history.base_seeds[i] for i in indices],
+            "send_masks": self.options.cache_action_masks,
         }
         if self.options.env_process:
             options["build_timeout"] = self.options.timeout

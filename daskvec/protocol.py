@@ -27,6 +27,7 @@ import numpy as np
 
 __all__ = [
     "INFO_KEY",
+    "MASK_METHOD",
     "Command",
     "RemoteError",
     "ResetReply",
@@ -37,6 +38,10 @@ __all__ = [
 
 #: Marker key that daskvec adds to an env's ``info`` when it was restarted or moved.
 INFO_KEY = "daskvec"
+
+#: The env method whose results travel with every step and reset reply (issue 14:
+#: sb3-contrib's ``MaskablePPO`` asks every env for its action masks before every step).
+MASK_METHOD = "action_masks"
 
 
 class Command(enum.StrEnum):
@@ -56,6 +61,8 @@ class Command(enum.StrEnum):
     RENDER = "render"  # (positions,) -> list
     STATS = "stats"  # () -> the group's step figures (GroupStats.snapshot)
     REFUSED = "refused"  # () -> connections the direct channel refused
+    # issue 14 (sb3x): has_attr without sending the attribute's value back
+    HAS_ATTR = "has_attr"  # (name, positions) -> list of bool
 
 
 def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) -> int:
@@ -112,6 +119,10 @@ class StepReply:
         (``on_env_error="restart"``); see :class:`daskvec.recovery.RestartLedger`.
     env_seconds : float
         Wall time the group spent in its envs' ``step`` and ``reset`` calls.
+    masks : numpy.ndarray or None
+        The envs' action masks after this step (and any automatic reset), stacked,
+        when every env of the group has an ``action_masks`` method; ``None``
+        otherwise. The client answers ``env_method("action_masks")`` from them.
     """
 
     obs: Any
@@ -123,6 +134,7 @@ class StepReply:
     reset_infos: dict[int, dict[str, Any]] = field(default_factory=dict)
     restarted: dict[int, dict[str, Any]] = field(default_factory=dict)
     env_seconds: float = 0.0
+    masks: Any = None
 
     @property
     def dones(self) -> np.ndarray:
@@ -142,11 +154,14 @@ class ResetReply:
         One per env.
     restarted : dict of int to dict
         By position: markers of envs rebuilt because their ``reset`` raised.
+    masks : numpy.ndarray or None
+        The envs' action masks after the reset, as in :class:`StepReply`.
     """
 
     obs: Any
     reset_infos: list[dict[str, Any]]
     restarted: dict[int, dict[str, Any]] = field(default_factory=dict)
+    masks: Any = None
 
 
 @dataclass(frozen=True, slots=True)

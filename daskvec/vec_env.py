@@ -43,10 +43,11 @@ from daskvec.errors import (
     NoAsyncCallError,
     WorkerLostError,
 )
+from daskvec.masks import ActionMaskCache
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.options import Options, check_env_fns, ignore_subproc_keywords
 from daskvec.pool import Group, GroupPool, StepOutcome
-from daskvec.protocol import Command, unwrap
+from daskvec.protocol import MASK_METHOD, Command, unwrap
 from daskvec.recovery import Rebuild, Recovery, RestartLedger
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,12 @@ class DaskVecEnv(VecEnv):
         envs onto them (each moved env reports a truncation).
     rebalance_interval : float
         See ``auto_rebalance``.
+    cache_action_masks : bool
+        When the envs have an ``action_masks`` method (sb3-contrib's ``MaskablePPO``),
+        their masks come back with every step and reset reply, and
+        ``env_method("action_masks")`` is answered from them without a round trip
+        while nothing has changed the envs since (see :mod:`daskvec.masks`). Default
+        ``True``; ``False`` asks the envs each time.
     cluster_kwargs : dict, optional
         Extra arguments for the embedded ``LocalCluster``.
     start_method : str, optional
@@ -195,6 +202,7 @@ class DaskVecEnv(VecEnv):
         migrate_before: float | None = None,
         auto_rebalance: bool | None = None,
         rebalance_interval: float | None = None,
+        cache_action_masks: bool | None = None,
         cluster_kwargs: dict[str, Any] | None = None,
         start_method: str | None = None,
     ) -> None:
@@ -226,6 +234,7 @@ class DaskVecEnv(VecEnv):
             self._resolved.close()
             raise
         self._buffers = StepBuffers(observation_space, n_envs)
+        self._masks = ActionMaskCache(n_envs)
         self.timer = ClientTimer()
         self._last_stats = time.monotonic()
         self._state = State.IDLE
@@ -318,6 +327,7 @@ class DaskVecEnv(VecEnv):
             for g, reply in replies.items():
                 if g not in lost:
                     self._buffers.take_reset(g, unwrap(reply))
+                    self._masks.take(g.env_indices, reply.masks)
                     self._ledger.env_errors(g, reply.restarted, self._recovery.steps)
             if not lost:
                 break
@@ -346,6 +356,7 @@ class DaskVecEnv(VecEnv):
                 "pass one action per env (an array whose first axis has length num_envs)"
             )
         self.timer.sent()
+        self._masks.forget()  # until the replies bring the new ones
         self._state = State.STEPPING
         self._pool_or_raise().send_step(actions)
 
@@ -373,6 +384,7 @@ class DaskVecEnv(VecEnv):
 
     def _take_step(self, group: Group, reply: Any) -> None:
         self._buffers.take_step(group, reply)
+        self._masks.take(group.env_indices, reply.masks)
         if reply.restarted:
             self._ledger.env_errors(group, reply.restarted, self._recovery.steps)
 
@@ -389,6 +401,8 @@ class DaskVecEnv(VecEnv):
             self._break(e)
             raise
         self._buffers.report_rebuilds(rebuilds, during)
+        for r in rebuilds:
+            self._masks.take(r.group.env_indices, r.reply.masks)
 
     def _pool_or_raise(self) -> GroupPool:
         if self._pool is None:
@@ -447,13 +461,32 @@ class DaskVecEnv(VecEnv):
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Set attribute inside vectorized environments (see base class)."""
-        self._per_env(Command.SET_ATTR, lambda p: (attr_name, value, p), indices)
+        try:
+            self._per_env(Command.SET_ATTR, lambda p: (attr_name, value, p), indices)
+        finally:
+            self._forget_masks(indices)
 
     def env_method(
         self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any
     ) -> list[Any]:
-        """Call instance methods of vectorized environments (see base class)."""
-        return self._per_env(Command.ENV_METHOD, lambda p: (method_name, method_args, method_kwargs, p), indices)
+        """Call instance methods of vectorized environments (see base class).
+
+        ``env_method("action_masks")`` may be answered from the masks of the last replies
+        (see ``cache_action_masks``); any other call forgets the masks of the envs it touches.
+        """
+        if method_name == MASK_METHOD and not method_args and not method_kwargs:
+            self._enter(State.IDLE)
+            cached = self._masks.lookup(self._positions(indices))
+            if cached is not None:
+                return cached
+        try:
+            return self._per_env(Command.ENV_METHOD, lambda p: (method_name, method_args, method_kwargs, p), indices)
+        finally:
+            self._forget_masks(indices)
+
+    def _forget_masks(self, indices: VecEnvIndices) -> None:
+        with contextlib.suppress(TypeError, IndexError):  # bad indices: the call itself said so
+            self._masks.forget(self._positions(indices))
 
     def env_is_wrapped(
         self, wrapper_class: type[gym.Wrapper[Any, Any, Any, Any]], indices: VecEnvIndices = None
@@ -462,12 +495,8 @@ class DaskVecEnv(VecEnv):
         return self._per_env(Command.IS_WRAPPED, lambda p: (wrapper_class, p), indices)
 
     def has_attr(self, attr_name: str) -> bool:
-        """Whether every env has the attribute (see base class)."""
-        try:
-            self.get_attr(attr_name)
-        except AttributeError:
-            return False
-        return True
+        """Whether every env has the attribute (see base class); its values stay on the workers."""
+        return all(self._per_env(Command.HAS_ATTR, lambda p: (attr_name, p), None))
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         """Return RGB images from each environment (see base class)."""

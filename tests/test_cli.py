@@ -103,15 +103,31 @@ def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_en
     return {"actors": int(m.group(2)), "workers": int(m.group(3)), "dashboard": dash.group(1)}
 
 
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[float]]:
+    """The scalars SB3 wrote under ``log_dir`` (one run), by tag."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    (run,) = [p for p in log_dir.iterdir() if p.is_dir()]
+    acc = event_accumulator.EventAccumulator(str(run))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
 @pytest.mark.timeout(300)
 def test_train_on_embedded_cluster(tmp_path: Path) -> None:
     model = tmp_path / "ppo_cartpole.zip"
+    tb = tmp_path / "tb"
     proc, fetched = run_cli_fetching_page(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--seed",
-                                           "5", "--eval-episodes", "3", "--save", str(model), *SMALL_PPO], tmp_path)
+                                           "5", "--eval-episodes", "3", "--save", str(model), "--tensorboard-log",
+                                           str(tb), *SMALL_PPO], tmp_path)  # fmt: skip
     facts = check_train_output(proc, model, n_envs=4, seed=5)
     assert facts["workers"] >= 1
     # the printed daskvec page answered while the CLI ran (issue 14: no dead dashboard link)
     assert fetched == {facts["dashboard"].rsplit("/", 1)[0] + "/daskvec": 200}, (fetched, proc.stdout)
+    # issue 14: daskvec's figures are in SB3's TensorBoard logs, one per rollout of 64 x 4 steps
+    assert f"TensorBoard logs (daskvec/* figures included) in {tb}" in proc.stdout
+    scalars = tensorboard_scalars(tb)
+    assert len(scalars["daskvec/env_steps_per_s"]) == 8 and min(scalars["daskvec/env_steps_per_s"]) > 0
+    assert scalars["daskvec/workers"][-1] == facts["workers"]
     # quiet by default: no INFO lines from daskvec
     assert " INFO daskvec" not in proc.stderr
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent.parent
 #: conda-forge package name -> the PyPI distribution it provides
 CONDA_TO_PYPI = {"dask-core": "dask", "pytorch": "torch", "prometheus_client": "prometheus-client"}
 #: extras a conda user gets (all of them: the environment is for developing daskvec)
-EXTRAS = ("dashboard", "jobqueue", "bench", "notebooks", "test")
+EXTRAS = ("dashboard", "jobqueue", "bench", "notebooks", "test", "zoo", "tensorboard")
 #: conda packages with no pyproject entry, and why
 CONDA_ONLY = {
     "python": "the interpreter (checked against requires-python)",
@@ -54,6 +54,10 @@ def conda_packages() -> tuple[dict[str, str], list[str]]:
     for dep in env["dependencies"]:
         if isinstance(dep, dict):
             pip += dep.get("pip", [])
+            for text in dep.get("pip", []):
+                if not text.startswith("-"):  # a package conda-forge lacks, installed with pip
+                    req = Requirement(text)
+                    conda[_norm(req.name)] = str(req.specifier)
             continue
         m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*([<>=!~].*)?", dep.strip())
         assert m, f"cannot read conda dependency {dep!r}"

@@ -81,6 +81,8 @@ _CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_ta
 _STEP_REQUEST = 0x01
 _STEP_REPLY = 0x02
 _PICKLE = 0x80
+# issue 14 (sb3x): a compact step reply followed by the envs' action masks, stacked
+_STEP_REPLY_MASKS = 0x03
 # per-env bits of a compact step reply
 _TERMINATED, _TRUNCATED, _FINAL_OBS, _RESET_INFO = 1, 2, 4, 8
 _REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then n flag bytes,
@@ -166,6 +168,9 @@ def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | Non
     obs, rewards, terminated, truncated = reply.obs, reply.rewards, reply.terminated, reply.truncated
     if reply.infos or reply.restarted or any(reply.reset_infos.values()):
         return None
+    masks = reply.masks
+    if masks is not None and not (type(masks) is np.ndarray and not masks.dtype.hasobject):
+        return None
     n = len(rewards)
     if not (
         type(obs) is np.ndarray
@@ -199,12 +204,17 @@ def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | Non
         if not 0 <= pos < n:
             return None
         flags[pos] |= _RESET_INFO
-    parts: list[bytes] = [_REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n), bytes(flags)]
+    if masks is not None and len(masks) != n:
+        return None
+    tag = _STEP_REPLY if masks is None else _STEP_REPLY_MASKS
+    parts: list[bytes] = [_REPLY_HEAD.pack(tag, reply.env_seconds, n), bytes(flags)]
     parts.append(rewards.astype("<f8", copy=False).tobytes())
     extra: list[memoryview] = []
     _array_parts(obs, parts, extra)
     if final:
         _array_parts(np.stack(final), parts, extra)
+    if masks is not None:
+        _array_parts(masks, parts, extra)
     return b"".join(parts), extra
 
 
@@ -216,7 +226,7 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         if payload[0] == _STEP_REQUEST:
             actions, _ = _read_array(payload, 1, extra)
             return ("step", (actions,))
-        _, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
+        tag, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
         offset = _REPLY_HEAD.size
         flags = bytes(payload[offset : offset + n])
         offset += n
@@ -225,14 +235,18 @@ def _decode_step(frames: Sequence[Any]) -> Any:
             rewards = rewards.copy()
         offset += 8 * n
         obs, offset = _read_array(payload, offset, extra)
-        # most steps end no episode: then every flag is 0 and there is nothing more to read
+        # most steps end no episode: then every flag is 0 and there is no final observation to read
         quiet = flags.count(0) == n
-        final = None if quiet or not any(b & _FINAL_OBS for b in flags) else _read_array(payload, offset, extra)[0]
+        final = None
+        if not quiet and any(b & _FINAL_OBS for b in flags):
+            final, offset = _read_array(payload, offset, extra)
+        masks = _read_array(payload, offset, extra)[0] if tag == _STEP_REPLY_MASKS else None
     except (struct.error, ValueError, TypeError, IndexError) as e:
         raise ChannelError(f"malformed compact message: {e}") from e
-    if len(flags) != n or len(obs) != n:
+    if len(flags) != n or len(obs) != n or (masks is not None and len(masks) != n):
         raise ChannelError("malformed compact step reply (lengths differ)")
-    reply = StepReply(obs, rewards, np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), env_seconds=env_seconds)
+    no = np.zeros(n, dtype=bool)
+    reply = StepReply(obs, rewards, no, no.copy(), env_seconds=env_seconds, masks=masks)
     if quiet:
         return reply
     bits = np.frombuffer(flags, dtype=np.uint8)
@@ -303,7 +317,7 @@ def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
     tag = frames[0][0] if len(frames[0]) else -1
     if tag == _PICKLE:
         return pickle.loads(frames[0], buffers=frames[1:])
-    if tag in (_STEP_REQUEST, _STEP_REPLY):
+    if tag in (_STEP_REQUEST, _STEP_REPLY, _STEP_REPLY_MASKS):
         return _decode_step(frames)
     raise ChannelError(f"malformed message (payload starts with byte {tag})")
 

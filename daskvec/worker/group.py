@@ -30,7 +30,7 @@ import numpy as np
 
 from daskvec import config, metrics
 from daskvec.errors import EnvRestartBudgetExceeded
-from daskvec.protocol import Command, RemoteError, ResetReply, StepReply, restart_seed
+from daskvec.protocol import MASK_METHOD, Command, RemoteError, ResetReply, StepReply, restart_seed
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.worker import probes
 from daskvec.worker.reaper import queue_release, start_reaper
@@ -75,6 +75,27 @@ def _row(stacked: Any, pos: int) -> Any:
     if isinstance(stacked, tuple):
         return tuple(_row(v, pos) for v in stacked)
     return stacked[pos].copy()
+
+
+def _wrapper_attr(env: Any, name: str) -> Any:
+    """``env.get_wrapper_attr(name)``, or plain ``getattr`` for an env that is not a ``gymnasium.Env``."""
+    getter = getattr(env, "get_wrapper_attr", None)
+    return getter(name) if getter is not None else getattr(env, name)
+
+
+def _has_wrapper_attr(env: Any, name: str) -> bool:
+    try:
+        _wrapper_attr(env, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _has_method(env: Any, name: str) -> bool:
+    try:
+        return callable(_wrapper_attr(env, name))
+    except AttributeError:
+        return False
 
 
 def _is_wrapped(env: gym.Env[Any, Any], wrapper_class: type) -> bool:
@@ -157,6 +178,10 @@ class EnvGroup:
         Seconds the direct channel polls for the next request after each reply
         (see :class:`daskvec.transport.ChannelServer`); ``None``: this worker's Dask
         config ``daskvec.busy-poll`` (see :func:`daskvec.config.worker_busy_poll`).
+    send_masks : bool, optional
+        When every env has an ``action_masks`` method (checked once, and again for an
+        env rebuilt after an error), send the masks with every step and reset reply
+        (:attr:`daskvec.protocol.StepReply.masks`). Default ``True``.
     """
 
     def __init__(
@@ -174,6 +199,7 @@ class EnvGroup:
         listen_host: str | None = None,
         unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
         busy_poll: float | None = 0.0,
+        send_masks: bool = True,
     ) -> None:
         self._worker = probes.current_worker()
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
@@ -188,6 +214,8 @@ class EnvGroup:
         self._closed = False
         self._factories: list[Callable[[], gym.Env[Any, Any]]] = cloudpickle.loads(factories)
         self.envs = self._build_all()
+        self._send_masks = bool(send_masks)
+        self._masks_on = self._detect_masks()
         n = len(self.envs)
         self._returns = np.zeros(n, dtype=np.float64)
         self._last_obs: Any = None
@@ -224,6 +252,7 @@ class EnvGroup:
             Command.RENDER: self._render,
             Command.STATS: self.stats.snapshot,
             Command.REFUSED: self.refused_connections,
+            Command.HAS_ATTR: self._has_attr,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -356,6 +385,7 @@ class EnvGroup:
             obs, reset_info = self.envs[pos].reset(seed=seed)
         except Exception as e:
             raise self._fail(pos, e) from e
+        self._masks_on = self._detect_masks()
         marker = {
             "restarted": True,
             "reason": "env_error",
@@ -399,6 +429,7 @@ class EnvGroup:
                 if self._last_obs is not None:
                     reply.final_obs[pos] = _row(self._last_obs, pos)
             obs_list[pos] = obs
+        reply.masks = self._masks()
         reply.env_seconds = time.perf_counter() - t0
         self.stats.record_step(n, reply.env_seconds)
         reply.obs = self._last_obs = self._stack(obs_list)
@@ -442,7 +473,35 @@ class EnvGroup:
             obs_list.append(obs)
             reply.reset_infos.append(info)
         reply.obs = self._last_obs = self._stack(obs_list)
+        reply.masks = self._masks()
         return reply
+
+    # ---------------------------------------------------------------- action masks
+    def _detect_masks(self) -> bool:
+        """Whether the masks travel with the replies: asked for, and every env has the method."""
+        return self._send_masks and all(_has_method(env, MASK_METHOD) for env in self.envs)
+
+    def _masks(self) -> np.ndarray | None:
+        """Every env's action mask, stacked; ``None`` when they cannot travel as one array.
+
+        An env whose ``action_masks`` raises, or masks that are not NumPy arrays of one
+        dtype and shape, give ``None``: the client then calls ``action_masks`` itself and
+        sees the same results (and the same exception) as without this shortcut.
+        """
+        if not self._masks_on:
+            return None
+        try:
+            masks = [_wrapper_attr(env, MASK_METHOD)() for env in self.envs]
+        except Exception:
+            logger.debug("action_masks() raised on %s; the client will call it", self.env_indices, exc_info=True)
+            return None
+        first = masks[0]
+        if not isinstance(first, np.ndarray) or first.dtype.hasobject:
+            return None
+        for m in masks:
+            if type(m) is not np.ndarray or m.dtype != first.dtype or m.shape != first.shape:
+                return None
+        return np.stack(masks)
 
     # ---------------------------------------------------------------- per-env commands
     def _each(self, positions: Sequence[int], fn: Callable[[gym.Env[Any, Any]], Any]) -> list[Any]:
@@ -464,6 +523,9 @@ class EnvGroup:
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], positions: Sequence[int]
     ) -> list[Any]:
         return self._each(positions, lambda env: env.get_wrapper_attr(name)(*args, **kwargs))
+
+    def _has_attr(self, name: str, positions: Sequence[int]) -> list[bool]:
+        return self._each(positions, lambda env: _has_wrapper_attr(env, name))
 
     def _is_wrapped(self, wrapper_class: type, positions: Sequence[int]) -> list[bool]:
         return self._each(positions, lambda env: _is_wrapped(env, wrapper_class))

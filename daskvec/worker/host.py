@@ -68,7 +68,7 @@ class EnvHost:
     build_timeout : float
         Seconds the envs may take to build before the process is killed and
         ``TimeoutError`` is raised.
-    busy_poll, rebuilds, base_seeds
+    busy_poll, rebuilds, base_seeds, send_masks
         As for :class:`EnvGroup`.
     """
 
@@ -82,6 +82,7 @@ class EnvHost:
         busy_poll: float | None = 0.0,
         rebuilds: list[int] | None = None,
         base_seeds: list[int | None] | None = None,
+        send_masks: bool = True,
     ) -> None:
         worker = probes.current_worker()
         self.worker_address = getattr(worker, "address", "local")
@@ -101,6 +102,7 @@ class EnvHost:
                 "busy_poll": worker_busy_poll(busy_poll, self.worker_address),
                 "rebuilds": rebuilds,
                 "base_seeds": base_seeds,
+                "send_masks": send_masks,
             },
             "sys_path": list(sys.path),
         }
