@@ -67,7 +67,7 @@ class EnvHost:
     build_timeout : float
         Seconds the envs may take to build before the process is killed and
         ``TimeoutError`` is raised.
-    busy_poll, rebuilds, base_seeds
+    busy_poll, rebuilds, base_seeds, autoreset
         As for :class:`EnvGroup`.
     """
 
@@ -81,6 +81,7 @@ class EnvHost:
         busy_poll: float = 0.0,
         rebuilds: list[int] | None = None,
         base_seeds: list[int | None] | None = None,
+        autoreset: str = "SameStep",
     ) -> None:
         worker = probes.current_worker()
         self.worker_address = getattr(worker, "address", "local")
@@ -99,6 +100,7 @@ class EnvHost:
                 "busy_poll": busy_poll,
                 "rebuilds": rebuilds,
                 "base_seeds": base_seeds,
+                "autoreset": autoreset,
             },
             "sys_path": list(sys.path),
         }
