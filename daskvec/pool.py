@@ -491,7 +491,12 @@ class GroupPool:
                 if g not in done and now >= self._inflight[g.gid][0] + timeout:
                     self._inflight[g.gid] = (0.0, TimeoutError(f"no reply within {timeout:.1f}s"))
                     done.append(g)
-        return done, self._hand_out(done, take)
+        batch: list[Group] = []
+        for g in done:  # the first to answer, up to min_envs; the others wait for the next call
+            if sum(len(b.env_indices) for b in batch) >= min_envs:
+                break
+            batch.append(g)
+        return batch, self._hand_out(batch, take)
 
     def _read(self, g: Group, deadline: float) -> Group:
         try:

@@ -435,6 +435,14 @@ class DaskVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ views and close
     @property
+    def pending(self) -> list[int]:
+        """Ids of the envs sent a step (or queued by :meth:`async_reset`) that :meth:`recv` has not returned."""
+        if self._state is _State.CLOSED:
+            return []
+        groups = [*self._ready, *self._pool.in_flight()]
+        return sorted(i for g in groups for i in g.env_indices)
+
+    @property
     def groups(self) -> list[dict[str, Any]]:
         """One entry per env group: its env indices, worker and transport."""
         return [
