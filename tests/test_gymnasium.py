@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -197,15 +198,18 @@ def test_cleanrl_style_loop(client2: Any) -> None:
 
 
 # --------------------------------------------------------------------------- partial batches
-class SlowSpaceEnv(SpaceEnv):
-    """A SpaceEnv whose steps take ``delay`` seconds."""
+class GatedSpaceEnv(SpaceEnv):
+    """A SpaceEnv whose steps wait until the file ``gate`` exists (``None``: no wait)."""
 
-    def __init__(self, delay: float, **kwargs: Any) -> None:
+    def __init__(self, gate: str | None, **kwargs: Any) -> None:
         super().__init__("box", **kwargs)
-        self.delay = delay
+        self.gate = gate
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        time.sleep(self.delay)
+        deadline = time.monotonic() + 60
+        while self.gate is not None and not os.path.exists(self.gate):
+            assert time.monotonic() < deadline, "the test never opened the gate"
+            time.sleep(0.005)
         return super().step(action)
 
 
@@ -214,32 +218,45 @@ def per_env_action(i: int, k: int) -> np.ndarray:
 
 
 @pytest.mark.timeout(120)
-def test_partial_batches_are_whole_groups_and_per_env_trajectories_match(client2: Any) -> None:
-    """recv() hands out the fast groups first; each env's own trajectory is what it would be alone."""
-    delays = [0.05, 0.05, 0.0, 0.0, 0.0, 0.0]
-    fns = [functools.partial(SlowSpaceEnv, d, horizon=3 + i % 3) for i, d in enumerate(delays)]
+def test_partial_batches_are_whole_groups_and_per_env_trajectories_match(client2: Any, tmp_path: Any) -> None:
+    """recv() hands out the groups that finished, never waiting for a blocked one; each env's own
+    trajectory is what it would be alone."""
+    gate = str(tmp_path / "open")
+    fns = [functools.partial(GatedSpaceEnv, gate if i < 2 else None, horizon=3 + i % 3) for i in range(6)]
     trajectories: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(6)}
+    count = dict.fromkeys(range(6), 0)
+
+    def round_trip(dask: DaskVectorEnv) -> list[int]:
+        o, r, term, trunc, info = dask.recv()
+        ids = info["env_id"].tolist()
+        assert len(ids) == 2 and info["_env_id"].all()
+        for k, i in enumerate(ids):
+            trajectories[i].append((o[k], r[k], term[k], trunc[k]))
+            count[i] += 1
+        dask.send(np.stack([per_env_action(i, count[i]) for i in ids]), ids)
+        return sorted(ids)
+
     with contextlib.closing(DaskVectorEnv(fns, client2, batch_size=2)) as dask:
         assert sorted(len(g["envs"]) for g in dask.groups) == [2, 2, 2]  # groups of gcd(2, 6)
         dask.reset(seed=4)
-        count = dict.fromkeys(range(6), 0)
         dask.send(np.stack([per_env_action(i, 0) for i in range(6)]))
-        batches = []
-        for _ in range(30):
-            o, r, term, trunc, info = dask.recv()
-            ids = info["env_id"].tolist()
-            assert len(ids) == 2 and info["_env_id"].all()
-            batches.append(sorted(ids))
-            for k, i in enumerate(ids):
-                trajectories[i].append((o[k], r[k], term[k], trunc[k]))
-                count[i] += 1
-            dask.send(np.stack([per_env_action(i, count[i]) for i in ids]), ids)
+        blocked = [round_trip(dask) for _ in range(12)]
+        assert [0, 1] not in blocked and {2, 4} <= {b[0] for b in blocked}  # the others went on
+        assert dask.pending == [0, 1, 2, 3, 4, 5]
         with pytest.raises(ValueError, match="whole groups"):
-            dask.send(np.zeros((1, 2), np.float32), [ids[0]])
-        for _ in range(2):  # two groups are still in flight
+            dask.send(np.zeros((1, 2), np.float32), [2])
+        with pytest.raises(ValueError, match="step in flight"):
+            dask.send(np.zeros((2, 2), np.float32), [0, 1])
+        open(gate, "w").close()
+        for _ in range(5000):  # bounded: the gated group comes back once its step can end
+            if round_trip(dask) == [0, 1]:
+                break
+        else:
+            pytest.fail("the gated group never came back after its gate opened")
+        for _ in range(3):  # every group is in flight: collect them
             dask.recv()
+        assert dask.pending == []
         dask.step(np.zeros((6, 2), np.float32))  # none left: the synchronous step is allowed again
-        assert batches.count([0, 1]) < batches.count([2, 3])  # the slow group comes back less often
     for i in range(6):  # replay each env alone
         alone = SyncVectorEnv([fns[i]])
         alone.reset(seed=4 + i)
@@ -330,7 +347,7 @@ def test_partial_batch_ppo_example_runs_briefly(client2: Any) -> None:
     ex = load_example()
     cfg = ex.Config(num_envs=4, batch_size=2, rollout=256, total_steps=512, epochs=1, eval_episodes=1)
     model, score = ex.train(cfg, client2)
-    assert 8 <= score <= 500  # CartPole returns of a barely trained policy
+    assert 1 <= score <= 500  # a CartPole return, from a barely trained policy
     # GAE along one env's time axis: termination stops the bootstrap, truncation keeps it
     traj = ex.Trajectory(
         obs=[np.zeros(4, np.float32)] * 3, actions=[0, 0, 0], logps=[0.0] * 3, rewards=[1.0, 1.0, 1.0],
@@ -369,3 +386,28 @@ def test_bench_gymnasium_scenarios(client2: Any) -> None:
         assert 0 < straggler["results"][kind]["fraction_of_ideal"] < 1.2  # a sleep never takes less than asked
     table = bench.format_table(results)
     assert "DaskVectorEnv send/recv" in table and "AsyncVectorEnv" in table and "ideal x" in table
+
+
+@pytest.mark.timeout(120)
+def test_torchrl_gym_wrapper_rollout(client2: Any) -> None:
+    """TorchRL's GymWrapper runs a rollout on DaskVectorEnv (DISABLED mode: TorchRL resets with a mask),
+    with the same result as on SyncVectorEnv."""
+    torch = pytest.importorskip("torch")
+    libs_gym = pytest.importorskip("torchrl.envs.libs.gym")
+
+    def rollout(vec: Any) -> Any:
+        env = libs_gym.GymWrapper(vec)
+        env.set_seed(3)
+        torch.manual_seed(0)
+        try:
+            return env.rollout(40, break_when_any_done=False)
+        finally:
+            env.close()
+
+    fns = [functools.partial(gym.make, "CartPole-v1") for _ in range(4)]
+    got = rollout(DaskVectorEnv(fns, client2, autoreset_mode=AutoresetMode.DISABLED, envs_per_actor=2))
+    want = rollout(SyncVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED))
+    assert got.batch_size == want.batch_size == torch.Size([4, 40])
+    assert int(got["next", "done"].sum()) >= 4  # episodes ended and the envs were reset by TorchRL
+    for key in (("observation",), ("action",), ("next", "reward"), ("next", "done"), ("next", "observation")):
+        assert torch.equal(got[key], want[key]), key
