@@ -172,14 +172,14 @@ def update(model: ActorCritic, opt: torch.optim.Optimizer, trajs: list[Trajector
     obs = torch.as_tensor(np.concatenate([np.array(t.obs) for t in trajs]), dtype=torch.float32)
     actions = torch.as_tensor(np.concatenate([t.actions for t in trajs]))
     old_logp = torch.as_tensor(np.concatenate([t.logps for t in trajs]), dtype=torch.float32)
-    adv = torch.as_tensor(np.concatenate([a for a, _ in parts]))
+    raw_adv = torch.as_tensor(np.concatenate([a for a, _ in parts]))
     ret = torch.as_tensor(np.concatenate([r for _, r in parts]))
+    adv = (raw_adv - raw_adv.mean()) / (raw_adv.std() + 1e-8)
     n = len(actions)
     loss = torch.zeros(())
     for _ in range(cfg.epochs):
         for idx in torch.randperm(n).split(cfg.minibatch):
             a = adv[idx]
-            a = (a - a.mean()) / (a.std() + 1e-8)
             dist = model.dist(obs[idx])
             ratio = (dist.log_prob(actions[idx]) - old_logp[idx]).exp()
             pg = -torch.min(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a).mean()
@@ -189,7 +189,7 @@ def update(model: ActorCritic, opt: torch.optim.Optimizer, trajs: list[Trajector
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 @torch.no_grad()
