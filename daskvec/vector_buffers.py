@@ -67,7 +67,8 @@ def build_infos(per_env: Sequence[InfoParts]) -> dict[str, Any]:
     infos: dict[str, Any] = {}
     for k, parts in enumerate(per_env):
         for part in parts:
-            infos = batch._add_info(infos, part, k)  # type: ignore[misc]
+            if part:
+                infos = batch._add_info(infos, part, k)  # type: ignore[misc]
     return infos
 
 
@@ -161,10 +162,10 @@ class VectorBuffers:
                     {"final_obs": final[pos], "final_info": dict(own.get(pos, {}))},
                     dict(reply.reset_infos.get(pos, {})),
                 ]
-            else:
-                parts = [dict(own.get(pos, {}))]
+            else:  # the reply's info dicts are its own (decoded for this step): no copy needed
+                parts = [own[pos]] if pos in own else []
             if pos in restarted:
-                parts[-1][INFO_KEY] = restarted[pos]
+                parts = [*parts[:-1], {**(parts[-1] if parts else {}), INFO_KEY: restarted[pos]}]
             self.infos[i] = parts
 
     # ------------------------------------------------------------------ rebuilt envs
