@@ -235,7 +235,7 @@ def _gym_case(scenario: str, n: int, opts: Options) -> dict[str, Any]:
     """A Gymnasium scenario (:mod:`daskvec.bench.gym_faces`), with its settings from the run's options."""
     seconds = opts.seconds if opts.steps is None else max(0.2, opts.steps / 100)
     if scenario == "gym-faces":
-        return gym_faces_case(n, seconds, opts.warmup, opts.seed, opts.scheduler)
+        return gym_faces_case(n, seconds, opts.warmup, opts.seed, opts.scheduler, repeat=opts.repeat)
     groups = max(2, n // 4)
     per_group = max(1, n // groups)
     return straggler_case(seconds, opts.warmup, opts.seed, opts.scheduler, groups=groups, envs_per_group=per_group)

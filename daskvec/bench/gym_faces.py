@@ -88,35 +88,58 @@ def _gym_vec(kind: str, fns: list[Callable[[], Any]], client: Any) -> Any:
     return DaskVectorEnv(fns, client)
 
 
-def gym_faces_case(n_envs: int, seconds: float, warmup: float, seed: int, client: Any = None) -> dict[str, Any]:
-    """CartPole-v1 on SyncVectorEnv, AsyncVectorEnv and DaskVectorEnv; ratios to AsyncVectorEnv."""
+def _face_run(kind: str, fns: list[Callable[[], Any]], actions: np.ndarray, opts: dict[str, Any]) -> dict[str, float]:
+    """One construction, reset and timed window of one face."""
+    t0 = time.perf_counter()
+    envs = _gym_vec(kind, fns, opts["client"])
+    try:
+        envs.reset(seed=opts["seed"])
+        envs.step(actions[0])
+        ttfs = time.perf_counter() - t0
+
+        def step(a: np.ndarray) -> int:
+            envs.step(a)
+            return len(fns)
+
+        rate = _timed_steps(step, actions, opts["seconds"], opts["warmup"])
+    finally:
+        envs.close()
+    return {"steps_per_s": rate, "ttfs_s": ttfs}
+
+
+def gym_faces_case(
+    n_envs: int, seconds: float, warmup: float, seed: int, client: Any = None, repeat: int = 1
+) -> dict[str, Any]:
+    """CartPole-v1 on SyncVectorEnv, AsyncVectorEnv and DaskVectorEnv; ratios to AsyncVectorEnv.
+
+    With ``repeat`` > 1 the faces run in turn that many times (construction included) and
+    the medians are reported, so that a noisy minute weighs on all of them alike.
+    """
     from daskvec.bench.envs import action_cycle
 
     fns: list[Callable[[], Any]] = [functools.partial(gym.make, "CartPole-v1")] * n_envs
     actions = action_cycle(gym.spaces.Discrete(2), n_envs, 1024, seed)
+    opts = {"seconds": seconds, "warmup": warmup, "seed": seed, "client": client}
     case: dict[str, Any] = {"scenario": "gym-faces", "case": f"gym-faces-{n_envs}", "env": "CartPole-v1",
                             "n_envs": n_envs, "results": {}}  # fmt: skip
-    for kind in ("gym_sync", "gym_async", "gym_dask"):
-        logger.info("bench gym-faces-%d: %s", n_envs, GYM_LABELS[kind])
-        try:
-            t0 = time.perf_counter()
-            envs = _gym_vec(kind, fns, client)
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in GYM_LABELS if kind.startswith("gym_")}
+    for r in range(repeat):
+        for kind, done in runs.items():
+            if "error" in case["results"].get(kind, {}):
+                continue
+            logger.info("bench gym-faces-%d: %s, run %d/%d", n_envs, GYM_LABELS[kind], r + 1, repeat)
             try:
-                envs.reset(seed=seed)
-                envs.step(actions[0])
-                ttfs = time.perf_counter() - t0
-
-                def step(a: np.ndarray, envs: Any = envs) -> int:
-                    envs.step(a)
-                    return n_envs
-
-                rate = _timed_steps(step, actions, seconds, warmup)
-            finally:
-                envs.close()
-            case["results"][kind] = {"steps_per_s": rate, "ttfs_s": ttfs}
-        except Exception as e:  # reported, the other faces still run
-            logger.exception("bench: %s failed", GYM_LABELS[kind])
-            case["results"][kind] = {"error": f"{type(e).__name__}: {e}"}
+                done.append(_face_run(kind, fns, actions, opts))
+            except Exception as e:  # reported, the other faces still run
+                logger.exception("bench: %s failed", GYM_LABELS[kind])
+                case["results"][kind] = {"error": f"{type(e).__name__}: {e}"}
+    for kind, done in runs.items():
+        if done and kind not in case["results"]:
+            case["results"][kind] = {
+                "steps_per_s": float(np.median([d["steps_per_s"] for d in done])),
+                "ttfs_s": float(np.median([d["ttfs_s"] for d in done])),
+                "steps_per_s_runs": [d["steps_per_s"] for d in done],
+            }
     base = case["results"].get("gym_async", {}).get("steps_per_s")
     for res in case["results"].values():
         res["ratio_to_async"] = res["steps_per_s"] / base if base and "steps_per_s" in res else None
