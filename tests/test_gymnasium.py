@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from envs import SpaceEnv, assert_same
+from envs import CountingEnv, SpaceEnv, assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from daskvec.errors import AlreadySteppingError
@@ -283,6 +283,44 @@ def test_async_reset_hands_out_first_observations_in_batches(client2: Any) -> No
             dask.step(np.zeros((4, 2), np.float32))
         dask.recv(), dask.recv()
         dask.step(np.zeros((4, 2), np.float32))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+def test_env_error_restart_is_a_truncation(client2: Any, mode: AutoresetMode) -> None:
+    """on_env_error="restart": the env that raised is rebuilt by its group and reports a truncation
+    laid out as the autoreset mode lays out any truncation."""
+    fns = [functools.partial(CountingEnv, horizon=100, fail_at=3 if i == 1 else None) for i in range(2)]
+    with contextlib.closing(DaskVectorEnv(fns, client2, autoreset_mode=mode, on_env_error="restart")) as dask:
+        dask.reset(seed=10)
+        dask.step(np.zeros(2, np.int64))
+        before, *_ = dask.step(np.zeros(2, np.int64))
+        obs, rew, term, trunc, info = dask.step(np.ones(2, np.int64))
+        seed = restart_seed(1, 1, 11)
+        fresh, _ = CountingEnv(horizon=100).reset(seed=seed)
+        assert obs[0].tolist() == [3.0, before[0][1]] and rew.tolist() == [1.0, 0.0]
+        assert trunc.tolist() == [False, True] and not term.any()
+        assert info["_daskvec"].tolist() == [False, True] and info["daskvec"]["reason"][1] == "env_error"
+        if mode is AutoresetMode.SAME_STEP:
+            assert_identical(obs[1], fresh)
+            assert_identical(info["final_obs"][1], before[1])
+            assert info["seeded"][1] == seed
+        else:
+            assert_identical(obs[1], before[1])  # the observation the learner had
+            obs, rew, term, trunc, info = dask.step(np.ones(2, np.int64))
+            assert_identical(obs[1], fresh)
+            assert rew[1] == 0 and not (term[1] or trunc[1]) and info["seeded"][1] == seed
+        assert dask.restart_counts.tolist() == [0, 1]
+
+
+@pytest.mark.timeout(120)
+def test_env_process_groups_follow_the_autoreset_mode(client2: Any) -> None:
+    """With env_process=True the mode reaches the group in its own process."""
+    fns = space_fns("dict", 4)
+    sync = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+    with contextlib.closing(DaskVectorEnv(fns, client2, env_process=True, envs_per_actor=2)) as dask:
+        assert run_both(sync, dask, 8, AutoresetMode.NEXT_STEP, seed=2) >= 4
+    sync.close()
 
 
 # --------------------------------------------------------------------------- a lost worker
