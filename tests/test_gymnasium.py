@@ -451,3 +451,38 @@ def test_torchrl_gym_wrapper_rollout(client2: Any) -> None:
     assert int(got["next", "done"].sum()) >= 4  # episodes ended and the envs were reset by TorchRL
     for key in (("observation",), ("action",), ("next", "reward"), ("next", "done"), ("next", "observation")):
         assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.timeout(240)
+def test_lost_worker_during_partial_batches(dask_processes: Any) -> None:
+    """A group lost while its step is in flight comes back in a batch as a truncation, and can be sent to."""
+    procs = dask_processes(2)
+    fns = [functools.partial(SpaceEnv, "box", horizon=50) for _ in range(4)]
+    with contextlib.closing(DaskVectorEnv(fns, procs.address, batch_size=2, step_timeout=60)) as dask:
+        dask.reset(seed=30)
+        first, *_ = dask.step(np.zeros((4, 2), np.float32))
+        victim = dask._engine.groups[1]
+        (proc,) = [p for p in procs.workers if p.pid == victim.desc["pid"]]
+        procs.kill_worker(proc)
+        dask.send(np.zeros((4, 2), np.float32))
+        seen: dict[int, tuple[Any, ...]] = {}
+        for _ in range(2):
+            obs, rew, term, trunc, info = dask.recv()
+            for k, i in enumerate(info["env_id"].tolist()):
+                marker = info["daskvec"]["reason"][k] if info.get("_daskvec", np.zeros(2, bool))[k] else None
+                seen[i] = (obs[k], rew[k], term[k], trunc[k], marker)
+        assert sorted(seen) == [0, 1, 2, 3]
+        for i in victim.env_indices:  # the last observation, reward 0, truncated, marked
+            o, r, te, tr, marker = seen[i]
+            assert_identical(o, first[i])
+            assert (r, te, tr, marker) == (0.0, False, True, "worker_lost")
+        for i in (0, 1, 2, 3):
+            if i not in victim.env_indices:
+                assert seen[i][3:] == (False, None)
+        lost = victim.env_indices
+        dask.send(np.zeros((2, 2), np.float32), lost)  # the rebuilt group takes steps again
+        obs, rew, term, trunc, info = dask.recv()
+        assert info["env_id"].tolist() == lost and not rew.any() and not (term | trunc).any()
+        assert info["seed"].tolist() == [restart_seed(i, 1, 30 + i) for i in lost]  # NEXT_STEP: the reset row
+        while dask.pending:
+            dask.recv()
