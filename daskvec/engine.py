@@ -61,6 +61,9 @@ class Engine:
         The validated options; the transport is narrowed to ``"actor"`` on TLS clusters.
     cluster_kwargs : dict, optional
         Extra arguments for the embedded ``LocalCluster``.
+    autoreset : str
+        When the groups reset finished envs (:class:`daskvec.protocol.Autoreset`):
+        ``"SameStep"`` for Stable-Baselines3, the chosen mode for Gymnasium.
 
     Attributes
     ----------
@@ -76,7 +79,12 @@ class Engine:
     """
 
     def __init__(
-        self, env_fns: Sequence[Callable[[], Any]], client: Any, options: Options, cluster_kwargs: Any = None
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        client: Any,
+        options: Options,
+        cluster_kwargs: Any = None,
+        autoreset: str = "SameStep",
     ) -> None:
         self.env_fns = check_env_fns(env_fns)
         self.n_envs = len(self.env_fns)
@@ -89,7 +97,7 @@ class Engine:
         try:
             self.options = replace(options, transport=self._choose_transport(options.transport))
             self.directory = WorkerDirectory(self.client, self.options)
-            self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory)
+            self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory, autoreset)
             self.ledger = RestartLedger(self.n_envs)
             self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
             _cluster.keep_env_workers(self.client)

@@ -23,7 +23,6 @@ __all__ = ["Options", "check_env_fns"]
 TRANSPORTS = ("auto", "direct", "actor")
 ON_WORKER_LOST = ("restart", "raise")
 ON_ENV_ERROR = ("raise", "restart")
-AUTORESET = ("SameStep", "NextStep", "Disabled")  # daskvec.protocol.Autoreset's values
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -57,7 +56,6 @@ class Options:
     migrate_before: float = 120.0
     auto_rebalance: bool = False
     rebalance_interval: float = 10.0
-    autoreset: str = "SameStep"  # issue 16: set by the Gymnasium face, never by DaskVecEnv
 
     @classmethod
     def create(
@@ -78,7 +76,6 @@ class Options:
         migrate_before: float = 120.0,
         auto_rebalance: bool = False,
         rebalance_interval: float = 10.0,
-        autoreset: str = "SameStep",
     ) -> Options:
         """Check every option and return them; ``step_timeout`` defaults to ``timeout``.
 
@@ -116,7 +113,6 @@ class Options:
             migrate_before=float(migrate_before),
             auto_rebalance=bool(auto_rebalance),
             rebalance_interval=_seconds("rebalance_interval", rebalance_interval),
-            autoreset=_choice("autoreset", str(autoreset), AUTORESET),
         )
 
 

@@ -138,10 +138,21 @@ class GroupPool:
         The vec env's options.
     directory : WorkerDirectory
         Where to find workers when a group must be placed again.
+    autoreset : str
+        When the groups reset finished envs (a :class:`daskvec.protocol.Autoreset`
+        value); Stable-Baselines3's ``"SameStep"`` by default.
     """
 
-    def __init__(self, client: Any, env_fns: list[Callable[[], Any]], options: Options, directory: WorkerDirectory):
+    def __init__(
+        self,
+        client: Any,
+        env_fns: list[Callable[[], Any]],
+        options: Options,
+        directory: WorkerDirectory,
+        autoreset: str = "SameStep",
+    ):
         self.client = client
+        self.autoreset = autoreset  # issue 16: given to every group it creates (daskvec.protocol.Autoreset)
         self.env_fns = env_fns
         self.options = options
         self.directory = directory
@@ -232,7 +243,7 @@ class GroupPool:
             "busy_poll": self.options.busy_poll,
             "rebuilds": [int(history.restart_counts[i]) for i in indices],
             "base_seeds": [history.base_seeds[i] for i in indices],
-            "autoreset": self.options.autoreset,
+            "autoreset": self.autoreset,
         }
         if self.options.env_process:
             options["build_timeout"] = self.options.timeout

@@ -143,8 +143,8 @@ class DaskVectorEnv(gym.vector.VectorEnv):
         self.batch_size = _batch_size(batch_size, n_envs)
         if self.batch_size < n_envs and options.get("envs_per_actor") is None:
             options["envs_per_actor"] = math.gcd(self.batch_size, n_envs)
-        checked = Options.create(**options, autoreset=mode.value)
-        self._engine = engine = Engine(env_fns, client, checked, cluster_kwargs)
+        checked = Options.create(**options)
+        self._engine = engine = Engine(env_fns, client, checked, cluster_kwargs, autoreset=mode.value)
         self.client, self.options = engine.client, engine.options
         self.num_envs = n_envs
         self.autoreset_mode = mode
