@@ -193,9 +193,9 @@ class DaskVecEnv(VecEnv):
         self._pool: GroupPool | None = None
         engine = self._engine = Engine(env_fns, client, options, cluster_kwargs)
         self.env_fns, self.client, self.options = engine.env_fns, engine.client, engine.options
-        self._pool, self._directory, self._ledger, self._recovery = (
-            engine.pool, engine.directory, engine.ledger, engine.recovery
-        )
+        # the engine's parts, under the names the SB3 face (and its tests) use
+        self._pool, self._directory = engine.pool, engine.directory
+        self._ledger, self._recovery = engine.ledger, engine.recovery
         self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
         self.timer = engine.timer
         self._state = State.IDLE
