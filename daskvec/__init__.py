@@ -3,7 +3,9 @@
 The package is laid out by role:
 
 - client side: :mod:`daskvec.vec_env` (:class:`DaskVecEnv`, the SB3 face and its
-  state), :mod:`daskvec.options`, :mod:`daskvec.pool` (the env groups),
+  state), :mod:`daskvec.vector_env` (:class:`DaskVectorEnv` and :func:`make_vec`, the
+  Gymnasium face), :mod:`daskvec.engine` (what both faces share), :mod:`daskvec.options`,
+  :mod:`daskvec.pool` (the env groups),
   :mod:`daskvec.directory` (workers and placement), :mod:`daskvec.buffers` (SB3's
   step results), :mod:`daskvec.recovery` (lost and moved envs, restarts);
 - :mod:`daskvec.protocol` -- the commands and replies shared by client and worker;
@@ -40,6 +42,7 @@ from daskvec.errors import (
 if TYPE_CHECKING:
     from daskvec.sb3_logger import DaskVecEnvMetrics
     from daskvec.vec_env import DaskVecEnv
+    from daskvec.vector_env import DaskVectorEnv, make_vec
 
 __version__ = "0.1.0"
 
@@ -49,12 +52,14 @@ __all__ = [
     "DaskVecEnv",
     "DaskVecEnvError",
     "DaskVecEnvMetrics",
+    "DaskVectorEnv",
     "EnvRestartBudgetExceeded",
     "NoAsyncCallError",
     "RemoteEnvError",
     "StepTimeoutError",
     "WorkerLostError",
     "__version__",
+    "make_vec",
 ]
 
 
@@ -72,4 +77,10 @@ def __getattr__(name: str) -> Any:
         from daskvec.sb3_logger import DaskVecEnvMetrics
 
         return DaskVecEnvMetrics
+    if name in ("DaskVectorEnv", "make_vec"):  # the Gymnasium face (issue 16)
+        from daskvec import vector_env
+        from daskvec.cluster import install_dashboard_page
+
+        install_dashboard_page()
+        return getattr(vector_env, name)
     raise AttributeError(f"module 'daskvec' has no attribute {name!r}")

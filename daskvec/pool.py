@@ -30,7 +30,16 @@ from daskvec.directory import Layout, WorkerDirectory
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.options import Options
 from daskvec.protocol import Command, RemoteError, StepReply
-from daskvec.transport import ActorChannel, Channel, ChannelError, DirectChannel, iter_replies, machine_id, recv_many
+from daskvec.transport import (
+    ActorChannel,
+    Channel,
+    ChannelError,
+    DirectChannel,
+    iter_replies,
+    machine_id,
+    recv_many,
+    wait_ready,
+)
 from daskvec.worker import EnvGroup, EnvHost, kill_env_process
 
 logger = logging.getLogger(__name__)
@@ -129,10 +138,21 @@ class GroupPool:
         The vec env's options.
     directory : WorkerDirectory
         Where to find workers when a group must be placed again.
+    autoreset : str
+        When the groups reset finished envs (a :class:`daskvec.protocol.Autoreset`
+        value); Stable-Baselines3's ``"SameStep"`` by default.
     """
 
-    def __init__(self, client: Any, env_fns: list[Callable[[], Any]], options: Options, directory: WorkerDirectory):
+    def __init__(
+        self,
+        client: Any,
+        env_fns: list[Callable[[], Any]],
+        options: Options,
+        directory: WorkerDirectory,
+        autoreset: str = "SameStep",
+    ):
         self.client = client
+        self.autoreset = autoreset  # issue 16: given to every group it creates (daskvec.protocol.Autoreset)
         self.env_fns = env_fns
         self.options = options
         self.directory = directory
@@ -141,6 +161,9 @@ class GroupPool:
         self._profiler_warned: set[str] = set()
         # the step in flight: replies (or exceptions) read so far, by group id
         self._arrived: dict[str, Any] | None = None
+        # partial batches (issue 16): groups stepping on their own, by group id: when
+        # their step was sent, and their reply once it is read
+        self._inflight: dict[str, tuple[float, Any]] = {}
 
     # ------------------------------------------------------------------ views
     def load(self) -> dict[str, int]:
@@ -221,6 +244,7 @@ class GroupPool:
             "rebuilds": [int(history.restart_counts[i]) for i in indices],
             "base_seeds": [history.base_seeds[i] for i in indices],
             "send_masks": self.options.cache_action_masks,
+            "autoreset": self.autoreset,
         }
         if self.options.env_process:
             options["build_timeout"] = self.options.timeout
@@ -337,17 +361,23 @@ class GroupPool:
             with contextlib.suppress(Exception):
                 g.future.cancel()
         self.groups = [g for g in self.groups if g not in groups]
+        for g in groups:
+            self._inflight.pop(g.gid, None)
 
     def close(self) -> None:
         """Release every group: those with a step in flight that does not end in time are dropped."""
         stuck: list[Group] = []
-        if self._arrived is not None:
-            live = [g for g in self.groups if g.gid not in self._arrived]
+        arrived = dict(self._arrived or {})
+        if self._arrived is not None or self._inflight:
+            arrived.update({gid: reply for gid, (_, reply) in self._inflight.items() if reply is not _WAITING})
+            full = self._arrived is not None
+            live = [g for g in self.groups if (full and g.gid not in arrived) or self._waiting(g)]
             replies = recv_many([g.channel for g in live], min(self.options.step_timeout, 30.0))
             # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
             stuck = [g for g, r in zip(live, replies, strict=True) if isinstance(r, BaseException)]
-            stuck += [g for g in self.groups if isinstance(self._arrived.get(g.gid), BaseException)]
+            stuck += [g for g in self.groups if isinstance(arrived.get(g.gid), BaseException)]
             self._arrived = None
+            self._inflight.clear()
         self.teardown(stuck, graceful=False)
         self.teardown(list(self.groups), graceful=True)
 
@@ -421,6 +451,91 @@ class GroupPool:
             else:
                 raise RuntimeError(f"daskvec internal error: unexpected step reply {type(reply).__name__}")
         return outcome
+
+    # ------------------------------------------------------------------ partial batches (issue 16)
+    def _waiting(self, g: Group) -> bool:
+        return g.gid in self._inflight and self._inflight[g.gid][1] is _WAITING
+
+    def in_flight(self) -> list[Group]:
+        """Groups sent a step with :meth:`send_groups` whose reply was not handed out yet."""
+        return [g for g in self.groups if g.gid in self._inflight]
+
+    def send_groups(self, actions: dict[Group, Any]) -> None:
+        """Send a step to each of the given groups (their actions in their envs' order); do not wait.
+
+        Each group then steps on its own: :meth:`collect_ready` hands out the groups that
+        answer first.
+        """
+        if self._arrived is not None:
+            raise RuntimeError("daskvec internal error: send_groups() while a full step is pending")
+        now = time.monotonic()
+        for g, group_actions in actions.items():
+            if g.gid in self._inflight:
+                raise RuntimeError(f"daskvec internal error: envs {g.env_indices} already have a step in flight")
+            try:
+                g.channel.send((Command.STEP, (group_actions,)))
+                self._inflight[g.gid] = (now, _WAITING)
+            except ChannelError as e:
+                self._inflight[g.gid] = (now, e)
+
+    def collect_ready(
+        self, min_envs: int, timeout: float, take: Callable[[Group, StepReply], None]
+    ) -> tuple[list[Group], StepOutcome]:
+        """Wait for the groups in flight that answer first, until they hold ``min_envs`` envs or more.
+
+        Returns those groups (in the order they answered) and what their replies held;
+        ``take(group, reply)`` is called on each step reply. A group that has not answered
+        ``timeout`` seconds after its step was sent counts as lost (``TimeoutError``).
+        Groups that answered beyond the batch are kept for the next call.
+        """
+        if not self._inflight:
+            raise RuntimeError("daskvec internal error: collect_ready() without send_groups()")
+        done = [g for g in self.groups if g.gid in self._inflight and self._inflight[g.gid][1] is not _WAITING]
+        while sum(len(g.env_indices) for g in done) < min_envs:
+            waiting = [g for g in self.groups if self._waiting(g)]
+            if not waiting:
+                break
+            first_deadline = min(self._inflight[g.gid][0] for g in waiting) + timeout
+            for k in wait_ready([g.channel for g in waiting], max(first_deadline - time.monotonic(), 0.0)):
+                done.append(self._read(waiting[k], self._inflight[waiting[k].gid][0] + timeout))
+            now = time.monotonic()
+            for g in waiting:
+                if g not in done and now >= self._inflight[g.gid][0] + timeout:
+                    self._inflight[g.gid] = (0.0, TimeoutError(f"no reply within {timeout:.1f}s"))
+                    done.append(g)
+        batch: list[Group] = []
+        for g in done:  # the first to answer, up to min_envs; the others wait for the next call
+            if sum(len(b.env_indices) for b in batch) >= min_envs:
+                break
+            batch.append(g)
+        return batch, self._hand_out(batch, take)
+
+    def _read(self, g: Group, deadline: float) -> Group:
+        try:
+            reply = g.channel.recv(max(deadline - time.monotonic(), 0.1))
+        except (ChannelError, TimeoutError) as e:
+            reply = e
+        self._inflight[g.gid] = (0.0, reply)
+        return g
+
+    def _hand_out(self, done: list[Group], take: Callable[[Group, StepReply], None]) -> StepOutcome:
+        outcome = StepOutcome()
+        replies = {g: self._inflight.pop(g.gid)[1] for g in done}
+        for g, reply in replies.items():
+            if isinstance(reply, StepReply):
+                outcome.env_seconds = max(outcome.env_seconds, reply.env_seconds)
+                take(g, reply)
+            elif isinstance(reply, RemoteError):
+                outcome.errors.append((g, reply))
+            elif isinstance(reply, BaseException):
+                outcome.lost[g] = reply
+            else:
+                raise RuntimeError(f"daskvec internal error: unexpected step reply {type(reply).__name__}")
+        return outcome
+
+
+#: The reply of a group in flight that has not been read yet.
+_WAITING: Any = object()
 
 
 def _is_placement_failure(exc: BaseException) -> bool:

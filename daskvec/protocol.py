@@ -28,6 +28,7 @@ import numpy as np
 __all__ = [
     "INFO_KEY",
     "MASK_METHOD",
+    "Autoreset",
     "Command",
     "RemoteError",
     "ResetReply",
@@ -53,7 +54,7 @@ class Command(enum.StrEnum):
     """
 
     STEP = "step"  # (actions,) -> StepReply
-    RESET = "reset"  # (seeds, options[, user]) -> ResetReply; user=False: restart seeds
+    RESET = "reset"  # (seeds, options[, user[, mask]]) -> ResetReply; user=False: restart seeds
     GET_ATTR = "get_attr"  # (name, positions) -> list
     SET_ATTR = "set_attr"  # (name, value, positions) -> None
     ENV_METHOD = "env_method"  # (name, args, kwargs, positions) -> list
@@ -63,6 +64,26 @@ class Command(enum.StrEnum):
     REFUSED = "refused"  # () -> connections the direct channel refused
     # issue 14 (sb3x): has_attr without sending the attribute's value back
     HAS_ATTR = "has_attr"  # (name, positions) -> list of bool
+    # issue 16 (the Gymnasium face):
+    CALL = "call"  # (name, args, kwargs, positions) -> list: the method's results, or the attribute's values
+    SET_WRAPPER_ATTR = "set_wrapper_attr"  # (name, values, positions) -> None: one value per position
+
+
+class Autoreset(enum.StrEnum):
+    """When an env group resets an env whose episode ended (issue 16); set at group creation.
+
+    The values are those of Gymnasium's ``AutoresetMode``, so that one converts to
+    the other by value.
+    """
+
+    #: Reset at once in the step that ended the episode; the reply carries the last
+    #: observation in ``final_obs`` (Stable-Baselines3's semantics; the default).
+    SAME_STEP = "SameStep"
+    #: Keep the last observation; the env's next step request resets it instead of
+    #: stepping it (reward 0, not done, the reset info as the step's info).
+    NEXT_STEP = "NextStep"
+    #: Never reset on its own: the client resets chosen envs (``RESET`` with a mask).
+    DISABLED = "Disabled"
 
 
 def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) -> int:

@@ -20,22 +20,18 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from daskvec import _dask
-from daskvec import cluster as _cluster
 from daskvec.buffers import StepBuffers
 from daskvec.dashboard_link import DashboardLinks, check_dashboard
-from daskvec.directory import WorkerDirectory
 from daskvec.display import notebook_html
+from daskvec.engine import Engine
 from daskvec.errors import (
     AlreadySteppingError,
     ClosedEnvError,
@@ -44,18 +40,14 @@ from daskvec.errors import (
     WorkerLostError,
 )
 from daskvec.masks import ActionMaskCache
-from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
-from daskvec.options import Options, check_env_fns, ignore_subproc_keywords
+from daskvec.options import Options, ignore_subproc_keywords
 from daskvec.pool import Group, GroupPool, StepOutcome
-from daskvec.protocol import MASK_METHOD, Command, unwrap
-from daskvec.recovery import Rebuild, Recovery, RestartLedger
+from daskvec.protocol import MASK_METHOD, Command, ResetReply
+from daskvec.recovery import Rebuild
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DaskVecEnv", "State"]
-
-#: Seconds between two reports of the vec env's figures to the dashboard.
-_STATS_INTERVAL = 2.0
 
 
 class State(enum.Enum):
@@ -207,67 +199,22 @@ class DaskVecEnv(VecEnv):
         start_method: str | None = None,
     ) -> None:
         self._state = State.CLOSED  # until construction succeeds; makes close()/__del__ safe
-        self.env_fns = check_env_fns(env_fns)
         # every keyword named like an option (None: from Dask's config, see daskvec.config)
         options = Options.create(**{k: v for k, v in locals().items() if k in Options.names()})
         ignore_subproc_keywords(start_method=start_method)
-        n_envs = len(self.env_fns)
-        self._resolved = _cluster.resolve_client(
-            client, connect_timeout=min(options.timeout, 30.0), cluster_kwargs=cluster_kwargs
-        )
-        self.client = self._resolved.client
         self._pool: GroupPool | None = None
-        try:
-            self.options = replace(options, transport=self._choose_transport(options.transport))
-            self._directory = WorkerDirectory(self.client, self.options)
-            self._pool = GroupPool(self.client, self.env_fns, self.options, self._directory)
-            self._ledger = RestartLedger(n_envs)
-            self._recovery = Recovery(self._pool, self._directory, self._ledger, self.options)
-            _cluster.keep_env_workers(self.client)
-            workers_now = self._directory.wait_for_workers()
-            layout = _cluster.plan_groups(n_envs, len(workers_now), self.options.envs_per_actor)
-            self._pool.spawn(self._directory.assign(layout, workers_now, {}), self._ledger)
-            observation_space, action_space = self._check_spaces()
-        except BaseException:
-            if self._pool is not None:
-                self._pool.teardown(list(self._pool.groups), graceful=False)
-            self._resolved.close()
-            raise
-        self._buffers = StepBuffers(observation_space, n_envs)
-        self._masks = ActionMaskCache(n_envs)
-        self.timer = ClientTimer()
-        self._last_stats = time.monotonic()
+        engine = self._engine = Engine(env_fns, client, options, cluster_kwargs)
+        self.env_fns, self.client, self.options = engine.env_fns, engine.client, engine.options
+        # the engine's parts, under the names the SB3 face (and its tests) use
+        self._pool, self._directory = engine.pool, engine.directory
+        self._ledger, self._recovery = engine.ledger, engine.recovery
+        self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
+        self._masks = ActionMaskCache(engine.n_envs)
+        self.timer = engine.timer
         self._state = State.IDLE
-        super().__init__(n_envs, observation_space, action_space)  # asks the envs for render_mode
+        super().__init__(engine.n_envs, engine.observation_space, engine.action_space)  # asks the envs for render_mode
         self.reset_infos = self._buffers.reset_infos
-        logger.info(
-            "DaskVecEnv: %d envs in %d groups over %d workers (%s transport)",
-            n_envs, len(self._pool.groups), len(self._pool.load()), self._pool.summary(),
-        )  # fmt: skip
-
-    def _choose_transport(self, transport: str) -> str:
-        if not _cluster.uses_tls(self.client):
-            return transport
-        if transport == "direct":
-            raise ValueError(
-                "transport='direct' is not available on a TLS-secured cluster (the direct "
-                "channel is not encrypted); use transport='auto' or 'actor'"
-            )
-        return "actor"
-
-    def _check_spaces(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
-        """The envs' spaces, after checking that every env has those of env 0."""
-        assert self._pool is not None
-        first = self._pool.groups[0].desc
-        obs0, act0 = first["observation_space"], first["action_space"]
-        for g in self._pool.groups:
-            for pos, (o, a) in enumerate(zip(g.desc["observation_spaces"], g.desc["action_spaces"], strict=True)):
-                if o != obs0 or a != act0:
-                    raise ValueError(
-                        f"env {g.env_indices[pos]} has observation space {o} and action space {a}, but env 0 has "
-                        f"{obs0} and {act0}; all envs of a vec env must share their spaces"
-                    )
-        return obs0, act0
+        logger.info("DaskVecEnv: %s", engine.summary())
 
     # ------------------------------------------------------------------ state
     @property
@@ -315,32 +262,7 @@ class DaskVecEnv(VecEnv):
         if self._recovery.moves_planned:
             self._rebuilt("reset", self._recovery.migrate)
         self._buffers.forget_deferred()
-        seeds, options = list(self._seeds), list(self._options)
-        self._ledger.set_seeds(seeds)
-        for attempt in range(4):
-            requests = {
-                g: (Command.RESET, ([seeds[i] for i in g.env_indices], [options[i] for i in g.env_indices]))
-                for g in self._groups
-            }
-            replies = self._pool_call(requests)
-            lost = {g: r for g, r in replies.items() if isinstance(r, BaseException)}
-            for g, reply in replies.items():
-                if g not in lost:
-                    self._buffers.take_reset(g, unwrap(reply))
-                    self._masks.take(g.env_indices, reply.masks)
-                    self._ledger.env_errors(g, reply.restarted, self._recovery.steps)
-            if not lost:
-                break
-            if attempt == 3:
-                indices = sorted(i for g in lost for i in g.env_indices)
-                raise WorkerLostError(
-                    f"reset() kept losing the workers of envs {indices}; check the cluster's health",
-                    env_indices=indices,
-                    worker=next(iter(lost)).worker,
-                )
-            # rebuilt groups come back reset with restart seeds; the next pass resets
-            # every group again with the user's seeds and options
-            self._rebuilt("reset", self._recovery.handle_lost, lost, self.options.timeout)
+        self._engine.reset_groups(list(self._seeds), list(self._options), self._take_reset, self._on_lost_reset)
         self._reset_seeds()
         self._reset_options()
         self._buffers.has_obs = True
@@ -379,8 +301,18 @@ class DaskVecEnv(VecEnv):
             self._rebuilt(during, self._recovery.handle_lost, outcome.lost, self.options.step_timeout)
         self._raise_env_error(outcome)
         self._rebuilt("step", self._recovery.migrate)
-        self._maybe_publish()
+        self._engine.maybe_publish()
         return buffers.result()
+
+    def _take_reset(self, group: Group, reply: ResetReply) -> None:
+        self._buffers.take_reset(group, reply)
+        self._masks.take(group.env_indices, reply.masks)
+
+    def _on_lost_reset(self, lost: dict[Group, BaseException], waited: float) -> None:
+        self._rebuilt("reset", self._recovery.handle_lost, lost, waited)
+
+    def _on_lost_deferred(self, lost: dict[Group, BaseException], waited: float) -> None:
+        self._rebuilt("deferred", self._recovery.handle_lost, lost, waited)
 
     def _take_step(self, group: Group, reply: Any) -> None:
         self._buffers.take_step(group, reply)
@@ -409,51 +341,15 @@ class DaskVecEnv(VecEnv):
             raise ClosedEnvError("this DaskVecEnv is closed; create a new one")
         return self._pool
 
-    def _pool_call(self, requests: dict[Group, Any]) -> dict[Group, Any]:
-        return self._pool_or_raise().call(requests, self.options.timeout)
-
     # ------------------------------------------------------------------ per-env calls
     def _per_env(
         self, cmd: Command, make_args: Callable[[list[int]], tuple[Any, ...]], indices: VecEnvIndices
     ) -> list[Any]:
         """Run an attribute-style command on the selected envs; results in the requested order."""
         self._enter(State.IDLE)
-        wanted = self._positions(indices)
-        for _attempt in range(3):
-            where = self._pool_or_raise().by_env()
-            per_group: dict[Group, list[int]] = {}
-            for i in wanted:
-                g, pos = where[i]
-                per_group.setdefault(g, []).append(pos)
-            replies = self._pool_call({g: (cmd, make_args(p)) for g, p in per_group.items()})
-            lost = {g: r for g, r in replies.items() if isinstance(r, BaseException)}
-            if not lost:
-                break
-            self._rebuilt("deferred", self._recovery.handle_lost, lost, self.options.timeout)
-        else:
-            raise WorkerLostError(f"{cmd} failed repeatedly because workers were lost", env_indices=wanted, worker="")
-        values = {g: list(unwrap(r) or []) for g, r in replies.items()}
-        cursor = dict.fromkeys(values, 0)
-        out = []
-        for i in wanted:
-            g, _ = where[i]
-            out.append(values[g][cursor[g]] if values[g] else None)
-            cursor[g] += 1
-        return out
-
-    def _positions(self, indices: VecEnvIndices) -> list[int]:
-        if indices is None:
-            return list(range(self.num_envs))
-        raw = [indices] if isinstance(indices, (int, np.integer)) else list(indices)
-        out = []
-        for i in raw:
-            if not isinstance(i, (int, np.integer)):
-                raise TypeError(f"env indices must be ints, got {type(i).__name__}")
-            j = int(i)
-            if not -self.num_envs <= j < self.num_envs:
-                raise IndexError(f"env index {j} is out of range for {self.num_envs} envs")
-            out.append(j % self.num_envs)
-        return out
+        self._pool_or_raise()
+        wanted = self._engine.positions(indices)
+        return self._engine.per_env(cmd, lambda _g, p: make_args(p), wanted, self._on_lost_deferred)
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """Return attribute from vectorized environment (see base class)."""
@@ -476,7 +372,7 @@ class DaskVecEnv(VecEnv):
         """
         if method_name == MASK_METHOD and not method_args and not method_kwargs:
             self._enter(State.IDLE)
-            cached = self._masks.lookup(self._positions(indices))
+            cached = self._masks.lookup(self._engine.positions(indices))
             if cached is not None:
                 return cached
         try:
@@ -486,7 +382,7 @@ class DaskVecEnv(VecEnv):
 
     def _forget_masks(self, indices: VecEnvIndices) -> None:
         with contextlib.suppress(TypeError, IndexError):  # bad indices: the call itself said so
-            self._masks.forget(self._positions(indices))
+            self._masks.forget(self._engine.positions(indices))
 
     def env_is_wrapped(
         self, wrapper_class: type[gym.Wrapper[Any, Any, Any, Any]], indices: VecEnvIndices = None
@@ -594,14 +490,6 @@ class DaskVecEnv(VecEnv):
         :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
         return self.dashboard.status
 
-    # ------------------------------------------------------------------ telemetry
-    def _maybe_publish(self) -> None:
-        now = time.monotonic()
-        if now - self._last_stats >= _STATS_INTERVAL:
-            self._last_stats = now
-            msg = client_message(self.timer, self.num_envs, int(self._ledger.restart_counts.sum()))
-            _dask.log_event_nowait(self.client, CLIENT_TOPIC, msg)
-
     # ------------------------------------------------------------------ close
     def close(self) -> None:
         """Shut the env groups down and close what this vec env created (see base class).
@@ -612,12 +500,7 @@ class DaskVecEnv(VecEnv):
         if self.closed:
             return
         self._state = State.CLOSED
-        # tell the dashboard (bounded wait; the scheduler may be gone)
-        msg = client_message(self.timer, self.num_envs, int(self._ledger.restart_counts.sum()), closed=True)
-        _dask.log_event(self.client, CLIENT_TOPIC, msg, timeout=5)
-        if self._pool is not None:
-            self._pool.close()
-        self._resolved.close()
+        self._engine.close()
 
     def __del__(self) -> None:
         if not self.closed:

@@ -11,6 +11,7 @@ from typing import Any
 
 from daskvec.bench.dashboard_load import measure_dashboard
 from daskvec.bench.envs import action_cycle
+from daskvec.bench.gym_faces import GYM_SCENARIOS, gym_faces_case, straggler_case
 from daskvec.bench.machine import _usable_cores, machine_info
 from daskvec.bench.measure import _measure_case, _measure_training_case
 from daskvec.bench.report import _add_ratios, write_results
@@ -223,8 +224,21 @@ def _scenario_cases(
     if scenario == "training":
         yield _training_case(sizes[0], kinds, opts)
         return
+    if scenario in GYM_SCENARIOS:  # issue 16: the Gymnasium faces, and stragglers
+        yield _gym_case(scenario, sizes[0], opts)
+        return
     for case in _cases(scenario, sizes, opts.heavy_step_s):
         yield _stepping_case(case, kinds, opts, cores)
+
+
+def _gym_case(scenario: str, n: int, opts: Options) -> dict[str, Any]:
+    """A Gymnasium scenario (:mod:`daskvec.bench.gym_faces`), with its settings from the run's options."""
+    seconds = opts.seconds if opts.steps is None else max(0.2, opts.steps / 100)
+    if scenario == "gym-faces":
+        return gym_faces_case(n, seconds, opts.warmup, opts.seed, opts.scheduler, repeat=opts.repeat)
+    groups = max(2, n // 4)
+    per_group = max(1, n // groups)
+    return straggler_case(seconds, opts.warmup, opts.seed, opts.scheduler, groups=groups, envs_per_group=per_group)
 
 
 def _training_case(n: int, kinds: list[str], opts: Options) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from daskvec.bench.gym_faces import GYM_SCENARIOS, format_gym_case
 from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
 
 __all__ = ["format_table", "plot_results", "write_results"]
@@ -20,6 +21,8 @@ __all__ = ["format_table", "plot_results", "write_results"]
 def _add_ratios(case: dict[str, Any]) -> None:
     results = case["results"]
     base = results.get(BASELINE, {})
+    if case["scenario"] in GYM_SCENARIOS:
+        return
     for res in results.values():
         if "error" in res or "skipped" in res:
             continue
@@ -51,7 +54,7 @@ def write_results(
     out.mkdir(parents=True, exist_ok=True)
     stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     files: dict[str, str] = {"json": str(out / f"bench-{stamp}.json")}
-    if plot and results["cases"]:
+    if plot and any(c["scenario"] not in GYM_SCENARIOS for c in results["cases"]):
         files["png"] = str(out / f"bench-{stamp}.png")
         plot_results(results, files["png"])
         shutil.copyfile(files["png"], out / "latest.png")
@@ -82,6 +85,9 @@ def format_table(results: dict[str, Any]) -> str:
             f"{'x Subproc':>9} {'MB/env':>8} {'x Subproc':>9}  notes")
     lines = [head, "-" * len(head)]
     for case in results["cases"]:
+        if case["scenario"] in GYM_SCENARIOS:
+            lines.extend(format_gym_case(case))
+            continue
         lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
     dash = results.get("dashboard")
     if dash:
@@ -159,7 +165,7 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    cases = results["cases"]
+    cases = [c for c in results["cases"] if c["scenario"] not in GYM_SCENARIOS]  # those have a table only
     kinds = [k for k in VEC_ENVS if any(k in c["results"] for c in cases)]
     colors = {"dummy": "#8c8c8c", "subproc": "#4c72b0", "async": "#dd8452", "dask": "#55a868"}
     panels = (

@@ -15,7 +15,7 @@ __all__ = ["BASELINE", "DEFAULT_ENVS", "LABELS", "SCENARIOS", "VEC_ENVS", "Case"
 
 
 #: Scenario names, in the order they run.
-SCENARIOS: tuple[str, ...] = ("light", "heavy", "images", "training")
+SCENARIOS: tuple[str, ...] = ("light", "heavy", "images", "training", "gym-faces", "straggler")
 #: Vec env kinds, in the order they run within a scenario.
 VEC_ENVS: tuple[str, ...] = ("dummy", "subproc", "async", "dask")
 #: The vec env every ratio is relative to.
@@ -34,6 +34,8 @@ DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "heavy": (8,),
     "images": (16,),
     "training": (8,),
+    "gym-faces": (64,),  # issue 16 (daskvec.bench.gym_faces)
+    "straggler": (16,),
 }
 
 #: Pre-generated action batches per case; the vec envs cycle through them.

@@ -33,7 +33,7 @@ requests and waits for replies with :func:`iter_replies`, one wait for all group
 from __future__ import annotations
 
 from daskvec.protocol import StepReply
-from daskvec.transport.channels import ActorChannel, Channel, DirectChannel, iter_replies, recv_many
+from daskvec.transport.channels import ActorChannel, Channel, DirectChannel, iter_replies, recv_many, wait_ready
 from daskvec.transport.codec import OUT_OF_BAND_MIN_BYTES, decode, encode, pack, unpack
 from daskvec.transport.server import ChannelServer, check_busy_poll
 from daskvec.transport.wire import ChannelError, machine_id
@@ -54,4 +54,5 @@ __all__ = [
     "pack",
     "recv_many",
     "unpack",
+    "wait_ready",
 ]

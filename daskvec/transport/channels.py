@@ -6,6 +6,7 @@ import contextlib
 import hmac
 import logging
 import secrets
+import select
 import socket
 import time
 from collections.abc import Generator, Sequence
@@ -24,7 +25,7 @@ from daskvec.transport.wire import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ActorChannel", "Channel", "DirectChannel", "iter_replies", "recv_many"]
+__all__ = ["ActorChannel", "Channel", "DirectChannel", "iter_replies", "recv_many", "wait_ready"]
 
 #: Seconds every channel still gets once the overall deadline of a wait has passed.
 _GRACE = 0.1
@@ -127,6 +128,10 @@ class DirectChannel:
             raise ChannelError(f"receive from {self._where} failed: {e}") from e
         return decode(frames)
 
+    def fileno(self) -> int:
+        """The socket's descriptor, to wait on several channels at once (-1 once closed)."""
+        return -1 if self._sock is None else self._sock.fileno()
+
     def close(self) -> None:
         """See :class:`Channel`."""
         if self._sock is not None:
@@ -171,6 +176,10 @@ class ActorChannel:
             raise ChannelError(f"actor call failed: {type(e).__name__}: {e}") from e
         return unpack(data)
 
+    def done(self) -> bool:
+        """Whether the reply (or the call's failure) is in, so that :meth:`recv` will not wait."""
+        return self._pending is None or bool(self._pending.done())
+
     def close(self) -> None:
         """See :class:`Channel`."""
         self._pending = None
@@ -212,3 +221,30 @@ def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Generato
 def recv_many(channels: Sequence[Channel], timeout: float | None) -> list[Any]:
     """All the replies of :func:`iter_replies` (same parameters) as a list, in channel order."""
     return list(iter_replies(channels, timeout))
+
+
+#: Seconds between two looks at actor channels, which have no descriptor to wait on.
+_ACTOR_POLL = 0.001
+
+
+def wait_ready(channels: Sequence[Channel], timeout: float) -> list[int]:
+    """Wait until at least one channel has its reply in; return the positions of those that do.
+
+    Used for partial batches (issue 16), where the groups that answer first are taken in
+    first. A direct channel is ready when its socket is readable (a reply, or the peer
+    gone); an actor channel when its call is done. Returns ``[]`` after ``timeout``
+    seconds without any.
+    """
+    deadline = time.monotonic() + timeout
+    fds = {ch.fileno(): k for k, ch in enumerate(channels) if isinstance(ch, DirectChannel) and ch.fileno() >= 0}
+    others = [k for k, ch in enumerate(channels) if not isinstance(ch, DirectChannel) or ch.fileno() < 0]
+    while True:
+        ready = [k for k in others if not isinstance(ch := channels[k], ActorChannel) or ch.done()]
+        remaining = deadline - time.monotonic()
+        wait = 0.0 if ready else max(min(remaining, _ACTOR_POLL if others else remaining), 0.0)
+        if fds:
+            ready += [fds[fd] for fd in select.select(list(fds), [], [], wait)[0]]
+        elif wait > 0:
+            time.sleep(wait)
+        if ready or remaining <= 0:
+            return sorted(ready)

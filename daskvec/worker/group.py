@@ -6,10 +6,11 @@ either transport (see :mod:`daskvec.transport`): a direct authenticated socket s
 by its own threads, or ordinary Dask actor calls to :meth:`EnvGroup.handle`. One lock
 serialises the two.
 
-Step semantics are those of Stable-Baselines3's vec envs: an env whose episode ended
-(``terminated or truncated``) is reset at once, and its last observation is kept for
-the reply's ``final_obs``. The replies are columns (:class:`daskvec.protocol.StepReply`);
-the client builds SB3's info dicts from them.
+Step semantics are by default those of Stable-Baselines3's vec envs: an env whose
+episode ended (``terminated or truncated``) is reset at once, and its last observation
+is kept for the reply's ``final_obs``. Gymnasium's other autoreset modes (reset at the
+next step, or only when asked) are chosen at creation (``autoreset``). The replies are
+columns (:class:`daskvec.protocol.StepReply`); the client builds the info dicts from them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 from daskvec import config, metrics
 from daskvec.errors import EnvRestartBudgetExceeded
-from daskvec.protocol import MASK_METHOD, Command, RemoteError, ResetReply, StepReply, restart_seed
+from daskvec.protocol import MASK_METHOD, Autoreset, Command, RemoteError, ResetReply, StepReply, restart_seed
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.worker import probes
 from daskvec.worker.reaper import queue_release, start_reaper
@@ -182,6 +183,9 @@ class EnvGroup:
         When every env has an ``action_masks`` method (checked once, and again for an
         env rebuilt after an error), send the masks with every step and reset reply
         (:attr:`daskvec.protocol.StepReply.masks`). Default ``True``.
+    autoreset : Autoreset or str, optional
+        When an env whose episode ended is reset (:class:`daskvec.protocol.Autoreset`);
+        by default at once, in the same step (Stable-Baselines3's semantics).
     """
 
     def __init__(
@@ -200,8 +204,13 @@ class EnvGroup:
         unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
         busy_poll: float | None = 0.0,
         send_masks: bool = True,
+        autoreset: str = Autoreset.SAME_STEP,
     ) -> None:
         self._worker = probes.current_worker()
+        self.autoreset = Autoreset(autoreset)
+        # NEXT_STEP: envs whose next step request resets them (None), or hands out the
+        # first observation and reset info of their rebuild
+        self._pending: dict[int, tuple[Any, dict[str, Any]] | None] = {}
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
         # the direct channel's budget (checked before any env is built): given, or this worker's config
         self.busy_poll = None if token is None else config.worker_busy_poll(busy_poll, self.worker_address)
@@ -253,6 +262,8 @@ class EnvGroup:
             Command.STATS: self.stats.snapshot,
             Command.REFUSED: self.refused_connections,
             Command.HAS_ATTR: self._has_attr,
+            Command.CALL: self._call,
+            Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -399,41 +410,67 @@ class EnvGroup:
 
     # ---------------------------------------------------------------- step and reset
     def step(self, actions: Any) -> StepReply:
-        """Step every env with its action; reset those whose episode ended."""
+        """Step every env with its action; an episode's end is handled as ``autoreset`` says."""
         n = len(self.envs)
         obs_list: list[Any] = [None] * n
-        rewards = np.zeros(n, dtype=np.float64)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
-        reply = StepReply(None, rewards, terminated, truncated)
+        reply = StepReply(None, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
         t0 = time.perf_counter()
-        for pos, env in enumerate(self.envs):
+        for pos in range(n):
             try:
-                obs, rew, term, trunc, info = env.step(actions[pos])
-                if info:
-                    reply.infos[pos] = info
-                rewards[pos] = rew
-                self._returns[pos] += float(rew)
-                if term or trunc:
-                    terminated[pos], truncated[pos] = bool(term), bool(trunc)
-                    reply.final_obs[pos] = obs
-                    self.stats.record_episode(self._returns[pos])
-                    self._returns[pos] = 0.0
-                    obs, reply.reset_infos[pos] = self._reset_one(pos, None, None, reply.restarted)
+                if pos in self._pending:  # NEXT_STEP: this request resets the env instead
+                    obs_list[pos] = self._deliver_reset(pos, reply)
+                else:
+                    obs_list[pos] = self._step_one(pos, actions[pos], reply)
             except _EnvFailure:
                 raise
             except Exception as e:
-                obs, reply.reset_infos[pos], reply.restarted[pos] = self._recover(pos, e)
-                rewards[pos], terminated[pos], truncated[pos] = 0.0, False, True
-                reply.infos.pop(pos, None)
-                if self._last_obs is not None:
-                    reply.final_obs[pos] = _row(self._last_obs, pos)
-            obs_list[pos] = obs
+                obs_list[pos] = self._step_failed(pos, e, reply)
         reply.masks = self._masks()
         reply.env_seconds = time.perf_counter() - t0
         self.stats.record_step(n, reply.env_seconds)
         reply.obs = self._last_obs = self._stack(obs_list)
         return reply
+
+    def _step_one(self, pos: int, action: Any, reply: StepReply) -> Any:
+        obs, rew, term, trunc, info = self.envs[pos].step(action)
+        if info:
+            reply.infos[pos] = info
+        reply.rewards[pos] = rew
+        self._returns[pos] += float(rew)
+        if term or trunc:
+            reply.terminated[pos], reply.truncated[pos] = bool(term), bool(trunc)
+            self.stats.record_episode(self._returns[pos])
+            self._returns[pos] = 0.0
+            if self.autoreset is Autoreset.SAME_STEP:
+                reply.final_obs[pos] = obs
+                obs, reply.reset_infos[pos] = self._reset_one(pos, None, None, reply.restarted)
+            elif self.autoreset is Autoreset.NEXT_STEP:
+                self._pending[pos] = None
+        return obs
+
+    def _deliver_reset(self, pos: int, reply: StepReply) -> Any:
+        """NEXT_STEP: reset an env whose episode ended (or hand out its rebuilt first observation)."""
+        ready = self._pending.pop(pos)
+        obs, info = self._reset_one(pos, None, None, reply.restarted) if ready is None else ready
+        if info:
+            reply.infos[pos] = info
+        return obs
+
+    def _step_failed(self, pos: int, exc: Exception, reply: StepReply) -> Any:
+        """An env raised in its step: rebuild it (or raise), and report a truncation."""
+        obs, reset_info, reply.restarted[pos] = self._recover(pos, exc)
+        reply.rewards[pos], reply.terminated[pos], reply.truncated[pos] = 0.0, False, True
+        reply.infos.pop(pos, None)
+        last = None if self._last_obs is None else _row(self._last_obs, pos)
+        if self.autoreset is Autoreset.SAME_STEP:
+            reply.reset_infos[pos] = reset_info
+            if last is not None:
+                reply.final_obs[pos] = last
+            return obs
+        # the truncation shows the observation the learner had; the rebuilt env's comes next
+        if self.autoreset is Autoreset.NEXT_STEP:
+            self._pending[pos] = (obs, reset_info)
+        return obs if last is None else last
 
     def _stack(self, obs_list: list[Any]) -> Any:
         try:
@@ -457,21 +494,39 @@ class EnvGroup:
             obs, reset_info, restarted[pos] = self._recover(pos, e)
             return obs, reset_info
 
-    def reset(self, seeds: list[int | None], options: list[dict[str, Any]], user: bool = True) -> ResetReply:
-        """Reset every env, with its seed and options (``None``/empty: none).
+    def reset(
+        self,
+        seeds: list[int | None],
+        options: list[dict[str, Any]],
+        user: bool = True,
+        mask: Sequence[bool] | None = None,
+    ) -> ResetReply:
+        """Reset every env (or those ``mask`` selects), with its seed and options (``None``/empty: none).
 
         Seeds of a ``user`` reset become the envs' base seeds (restart seeds derive from
-        them); those of a rebuilt group's first reset (restart seeds) do not.
+        them); those of a rebuilt group's first reset (restart seeds) do not. Envs left
+        out by ``mask`` keep their observation and get an empty reset info. With
+        ``autoreset=NEXT_STEP``, the envs of a rebuilt group's first reset hand their
+        first observation out at their next step request.
         """
+        if mask is not None and self._last_obs is None:
+            raise ValueError("a reset with a mask needs a full reset first; call reset() without reset_mask")
         obs_list = []
         reply = ResetReply(None, [])
         for pos in range(len(self.envs)):
+            if mask is not None and not mask[pos]:
+                obs_list.append(_row(self._last_obs, pos))
+                reply.reset_infos.append({})
+                continue
             if user and seeds[pos] is not None:
                 self._seeds[pos] = seeds[pos]
+            self._pending.pop(pos, None)
             obs, info = self._reset_one(pos, seeds[pos], options[pos], reply.restarted)
             self._returns[pos] = 0.0
             obs_list.append(obs)
             reply.reset_infos.append(info)
+            if not user and self.autoreset is Autoreset.NEXT_STEP:
+                self._pending[pos] = (obs, info)
         reply.obs = self._last_obs = self._stack(obs_list)
         reply.masks = self._masks()
         return reply
@@ -526,6 +581,16 @@ class EnvGroup:
 
     def _has_attr(self, name: str, positions: Sequence[int]) -> list[bool]:
         return self._each(positions, lambda env: _has_wrapper_attr(env, name))
+    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], positions: Sequence[int]) -> list[Any]:
+        def call(env: gym.Env[Any, Any]) -> Any:
+            attr = env.get_wrapper_attr(name)
+            return attr(*args, **kwargs) if callable(attr) else attr
+
+        return self._each(positions, call)
+
+    def _set_wrapper_attr(self, name: str, values: Sequence[Any], positions: Sequence[int]) -> None:
+        todo = iter(values)
+        self._each(positions, lambda env: env.set_wrapper_attr(name, next(todo)))
 
     def _is_wrapped(self, wrapper_class: type, positions: Sequence[int]) -> list[bool]:
         return self._each(positions, lambda env: _is_wrapped(env, wrapper_class))

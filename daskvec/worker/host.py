@@ -68,7 +68,7 @@ class EnvHost:
     build_timeout : float
         Seconds the envs may take to build before the process is killed and
         ``TimeoutError`` is raised.
-    busy_poll, rebuilds, base_seeds, send_masks
+    busy_poll, rebuilds, base_seeds, send_masks, autoreset
         As for :class:`EnvGroup`.
     """
 
@@ -83,6 +83,7 @@ class EnvHost:
         rebuilds: list[int] | None = None,
         base_seeds: list[int | None] | None = None,
         send_masks: bool = True,
+        autoreset: str = "SameStep",
     ) -> None:
         worker = probes.current_worker()
         self.worker_address = getattr(worker, "address", "local")
@@ -103,6 +104,7 @@ class EnvHost:
                 "rebuilds": rebuilds,
                 "base_seeds": base_seeds,
                 "send_masks": send_masks,
+                "autoreset": autoreset,
             },
             "sys_path": list(sys.path),
         }
