@@ -20,13 +20,22 @@ from daskvec.transport import check_busy_poll
 
 __all__ = ["Options", "check_env_fns"]
 
-TRANSPORTS = ("auto", "direct", "actor")
+TRANSPORTS = ("auto", "direct", "actor", "direct-insecure")
 ON_WORKER_LOST = ("restart", "raise")
 ON_ENV_ERROR = ("raise", "restart")
 
 
+def _number(name: str, value: Any) -> float:
+    """``value`` as a float, or a ``TypeError`` naming ``name`` if it is no number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = f"; pass {name}={value.strip()}, not the string {value!r}" if isinstance(value, str) else ""
+        kind = type(value).__name__
+        raise TypeError(f"{name} must be a number of seconds (int or float), not {kind} {value!r}{hint}")
+    return float(value)
+
+
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not _number(name, value) > 0:
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
     return float(value)
 
@@ -56,6 +65,8 @@ class Options:
     migrate_before: float = 120.0
     auto_rebalance: bool = False
     rebalance_interval: float = 10.0
+    #: Set by the vec env, not by the user: the direct channel is TLS (a secured cluster).
+    encrypted: bool = False
 
     @classmethod
     def create(
@@ -94,7 +105,7 @@ class Options:
             raise ValueError(f"max_restarts must be a non-negative int, not {max_restarts!r}")
         if not isinstance(env_process, bool):
             raise TypeError(f"env_process must be True or False, not {env_process!r}")
-        if migrate_before is None or isinstance(migrate_before, bool) or not migrate_before >= 0:
+        if not _number("migrate_before", migrate_before) >= 0:
             raise ValueError(f"migrate_before must be a number of seconds >= 0, not {migrate_before!r}")
         timeout_s = _seconds("timeout", timeout)
         return cls(

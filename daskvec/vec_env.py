@@ -93,10 +93,13 @@ class DaskVecEnv(VecEnv):
         Addresses or names of the workers that may hold envs.
     resources : dict, optional
         Worker resources (e.g. ``{"envs": 1}``) a worker must have to hold envs.
-    transport : {"auto", "direct", "actor"}
-        ``"direct"``: a dedicated authenticated socket to each actor (fast);
-        ``"actor"``: plain Dask actor calls; ``"auto"`` (default): direct where the
-        worker can be reached and the cluster does not use TLS, else actor calls.
+    transport : {"auto", "direct", "actor", "direct-insecure"}
+        ``"direct"``: a dedicated authenticated socket to each actor (fast); on a
+        secured cluster (TLS or dask-gateway, see docs/security.md) it is TLS with the
+        cluster's own certificates. ``"actor"``: plain Dask actor calls. ``"auto"``
+        (default): direct where the worker can be reached, else actor calls.
+        ``"direct-insecure"``: the unencrypted direct channel even on a secured
+        cluster (logged as a warning).
     env_process : bool
         Run each group's envs in a process of their own beside its worker (POSIX
         systems only). An env that crashes the interpreter then takes only its group
@@ -206,7 +209,8 @@ class DaskVecEnv(VecEnv):
         self.client = self._resolved.client
         self._pool: GroupPool | None = None
         try:
-            self.options = replace(options, transport=self._choose_transport(options.transport))
+            transport, encrypted = self._choose_transport(options.transport)
+            self.options = replace(options, transport=transport, encrypted=encrypted)
             self._directory = WorkerDirectory(self.client, self.options)
             self._pool = GroupPool(self.client, self.env_fns, self.options, self._directory)
             self._ledger = RestartLedger(n_envs)
@@ -232,15 +236,32 @@ class DaskVecEnv(VecEnv):
             n_envs, len(self._pool.groups), len(self._pool.load()), self._pool.summary(),
         )  # fmt: skip
 
-    def _choose_transport(self, transport: str) -> str:
-        if not _cluster.uses_tls(self.client):
-            return transport
-        if transport == "direct":
-            raise ValueError(
-                "transport='direct' is not available on a TLS-secured cluster (the direct "
-                "channel is not encrypted); use transport='auto' or 'actor'"
+    def _choose_transport(self, transport: str) -> tuple[str, bool]:
+        """The transport to use and whether its direct channel is TLS (see ``transport=``)."""
+        reasons = _cluster.security_reasons(self.client)
+        if not reasons:
+            return ("direct" if transport == "direct-insecure" else transport), False
+        if transport == "actor":
+            return "actor", False
+        if transport == "direct-insecure":
+            logger.warning(
+                "transport='direct-insecure' on a secured cluster (%s): env steps travel UNENCRYPTED "
+                "between this client and the workers",
+                "; ".join(reasons),
             )
-        return "actor"
+            return "direct", False
+        if _cluster.client_ssl_context(self.client) is None:  # secured, but no certificate to speak TLS with
+            if transport == "direct":
+                raise ValueError(
+                    f"transport='direct' needs TLS on this secured cluster ({'; '.join(reasons)}), but the "
+                    "client has no TLS context (client.security.get_connection_args('client')); pass a client "
+                    "made with security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), "
+                    "use transport='actor', or transport='direct-insecure' to send steps unencrypted"
+                )
+            logger.info("secured cluster (%s) without a client TLS context: using Dask actor calls", "; ".join(reasons))
+            return "actor", False
+        logger.info("secured cluster (%s): the direct channel uses TLS", "; ".join(reasons))
+        return ("direct" if transport == "direct" else "auto"), True
 
     def _check_spaces(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The envs' spaces, after checking that every env has those of env 0."""
@@ -519,8 +540,14 @@ class DaskVecEnv(VecEnv):
 
     @property
     def transport(self) -> str:
-        """The transport asked for (``"actor"`` on a TLS cluster); see :meth:`transport_summary`."""
+        """The transport in use: ``"auto"``, ``"direct"`` or ``"actor"`` (``"actor"`` on a secured
+        cluster without a client TLS context); see :meth:`transport_summary` and :attr:`encrypted`."""
         return self.options.transport
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the direct channels are TLS (a secured cluster; see docs/security.md)."""
+        return self.options.encrypted
 
     def transport_summary(self) -> str:
         """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import pickle
 import socket
+import ssl
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,9 +46,12 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
 
     assert tls_cluster.scheduler_address.startswith("tls://")
     with DaskVecEnv([cartpole] * 4, client=tls_cluster, timeout=60) as env:
-        # the direct channel is not encrypted: on TLS every group uses Dask's (encrypted) actor calls
-        assert env.transport == "actor"
-        assert {g["transport"] for g in env.groups} == {"actor"}
+        # transport="auto" on TLS: the direct channel, itself TLS with the cluster's certificates
+        assert env.encrypted and env.transport == "auto"
+        assert {g["transport"] for g in env.groups} == {"direct/tls"}
+        for g in env._groups:
+            assert isinstance(g.channel._sock, ssl.SSLSocket)
+            assert g.desc["tls"] and g.desc["unix_path"] is None  # no plaintext socket at all
         assert len({g["worker"] for g in env.groups}) == 2
         assert all(g["worker"].startswith("tls://") for g in env.groups)
         env.seed(3)
@@ -60,9 +65,19 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
         assert model.num_timesteps == 4 * 32 * 2
 
 
-def test_direct_transport_is_refused_on_tls(tls_cluster: Any) -> None:
-    with pytest.raises(ValueError, match=r"transport='direct' is not available on a TLS-secured cluster"):
-        DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct", timeout=60)
+@pytest.mark.timeout(120)
+def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct", timeout=60) as env:
+        assert env.encrypted and {g["transport"] for g in env.groups} == {"direct/tls"}
+    with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="actor", timeout=60) as env:
+        assert not env.encrypted and {g["transport"] for g in env.groups} == {"actor"}
+        env.reset()
+    with caplog.at_level(logging.WARNING, logger="daskvec"), \
+            DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct-insecure", timeout=60) as env:
+        assert not env.encrypted
+        assert {g["transport"] for g in env.groups} <= {"direct/unix", "direct/tcp"}
+        env.reset()
+    assert any("UNENCRYPTED" in r.getMessage() for r in caplog.records)
 
 
 class _CreateFile:
@@ -139,6 +154,49 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path,
         assert group.actor.refused_connections().result(timeout=30) == refused_before + 3
         assert not target.exists(), "a pickle sent by an unauthenticated peer was executed"
         # the group itself is unharmed and still answers its own client
+        env.reset()
+        obs, _, _, _ = env.step(np.ones(2, dtype=np.int64))
+        assert obs[:, 0].tolist() == [1.0, 1.0]
+
+
+def _tls_talk(address: tuple[str, int], context: ssl.SSLContext, payload: list[bytes | memoryview]) -> bytes:
+    """Connect over TLS with ``context``, send ``payload`` raw and return what comes back (b"" if refused)."""
+    got = b""
+    with socket.create_connection(address, timeout=30) as raw:
+        try:
+            with context.wrap_socket(raw) as sock:
+                got += sock.recv(32)  # the token challenge, once TLS is through
+                for frame in payload:
+                    sock.sendall(frame)
+                while chunk := sock.recv(4096):
+                    got += chunk
+        except (ssl.SSLError, OSError):  # the server ended TLS or the connection: refused
+            pass
+    return got
+
+
+@pytest.mark.timeout(120)
+def test_strangers_and_plaintext_clients_are_refused_by_the_tls_channel(tls_cluster: Any, tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+    request = ("step", ([_CreateFile(str(target))] * 2,))
+    with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=tls_cluster, envs_per_actor=2,
+                    timeout=60) as env:
+        (group,) = env._groups
+        address = tuple(group.desc["address"])
+        assert env.encrypted and group.desc["unix_path"] is None
+        before = group.actor.refused_connections().result(timeout=30)
+        # 1: a plaintext client sending a request (a pickle that would create a file)
+        assert _talk(address, encode(request), read_nonce=False) == b""
+        # 2: TLS, but without a certificate of the cluster (mutual TLS refuses it)
+        no_cert = ssl.create_default_context()
+        no_cert.check_hostname, no_cert.verify_mode = False, ssl.CERT_NONE
+        assert _tls_talk(address, no_cert, encode(request)) == b""
+        # 3: the cluster's own certificate, but not the token: only the challenge comes back
+        cluster_ctx = tls_cluster.security.get_connection_args("client")["ssl_context"]
+        reply = _tls_talk(address, cluster_ctx, [b"\0" * 64, *encode(request)])
+        assert len(reply) == 32
+        assert group.actor.refused_connections().result(timeout=30) == before + 3
+        assert not target.exists(), "a pickle sent by an unauthenticated peer was executed"
         env.reset()
         obs, _, _, _ = env.step(np.ones(2, dtype=np.int64))
         assert obs[:, 0].tolist() == [1.0, 1.0]

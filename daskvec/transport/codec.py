@@ -19,7 +19,7 @@ import cloudpickle
 import numpy as np
 
 from daskvec.protocol import StepReply
-from daskvec.transport.wire import COUNT, ChannelError
+from daskvec.transport.wire import COUNT, MAX_FRAMES, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -223,13 +223,13 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         offset += 8 * n
         obs, offset = _read_array(payload, offset, extra)
         final = _read_array(payload, offset, extra)[0] if (flags & _FINAL_OBS).any() else None
-    except (struct.error, ValueError, TypeError, IndexError) as e:
-        raise ChannelError(f"malformed compact message: {e}") from e
+    except Exception as e:  # struct, NumPy and index errors of every kind: all mean a bad message
+        raise ProtocolError(f"malformed compact message: {type(e).__name__}: {e}") from e
     if len(flags) != n or len(obs) != n:
-        raise ChannelError("malformed compact step reply (lengths differ)")
+        raise ProtocolError("malformed compact step reply (lengths differ)")
     final_positions = np.flatnonzero(flags & _FINAL_OBS).tolist()
     if final_positions and (final is None or len(final) != len(final_positions)):
-        raise ChannelError("malformed compact step reply (final observations)")
+        raise ProtocolError("malformed compact step reply (final observations)")
     return StepReply(
         obs,
         rewards,
@@ -286,15 +286,23 @@ def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
 
     Raises
     ------
-    ChannelError
-        If the payload is neither a pickle nor a well-formed compact step message.
+    ProtocolError
+        If the frames are not a message :func:`encode` could have made: no payload, an
+        unknown tag, a malformed compact record, or a pickle that does not load (the
+        original exception is the ``__cause__``). Nothing else escapes, whatever the
+        bytes.
     """
-    tag = frames[0][0] if len(frames[0]) else -1
+    if not frames or not len(frames[0]):
+        raise ProtocolError("malformed message (empty payload)")
+    tag = frames[0][0]
     if tag == _PICKLE:
-        return pickle.loads(frames[0], buffers=frames[1:])
+        try:
+            return pickle.loads(frames[0], buffers=frames[1:])
+        except Exception as e:
+            raise ProtocolError(f"malformed message (its pickle does not load: {type(e).__name__}: {e})") from e
     if tag in (_STEP_REQUEST, _STEP_REPLY):
         return _decode_step(frames)
-    raise ChannelError(f"malformed message (payload starts with byte {tag})")
+    raise ProtocolError(f"malformed message (payload starts with byte {tag})")
 
 
 def pack(obj: Any) -> bytes:
@@ -303,14 +311,27 @@ def pack(obj: Any) -> bytes:
 
 
 def unpack(data: bytes | bytearray | memoryview) -> Any:
-    """Inverse of :func:`pack`."""
-    view = memoryview(data)
-    (count,) = COUNT.unpack_from(view, 0)
-    offset = COUNT.size
-    lengths = struct.unpack_from(f"!{count}Q", view, offset)
+    """Inverse of :func:`pack`.
+
+    Raises
+    ------
+    ProtocolError
+        If ``data`` is not something :func:`pack` made.
+    """
+    view = memoryview(data).cast("B")
+    try:
+        (count,) = COUNT.unpack_from(view, 0)
+        if not 0 < count <= MAX_FRAMES:
+            raise ProtocolError(f"malformed packed message ({count} frames)")
+        offset = COUNT.size
+        lengths = struct.unpack_from(f"!{count}Q", view, offset)
+    except struct.error as e:
+        raise ProtocolError(f"malformed packed message: {e}") from e
     offset += 8 * count
     frames = []
     for n in lengths:
+        if offset + n > view.nbytes:
+            raise ProtocolError("malformed packed message (frames longer than the data)")
         frames.append(view[offset : offset + n])
         offset += n
     return decode(frames)
