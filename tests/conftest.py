@@ -161,7 +161,8 @@ def start_dask_processes(
     try:
         for _ in range(n_workers):
             procs.add_worker()
-        procs.wait_for_workers(n_workers)
+        if n_workers:
+            procs.wait_for_workers(n_workers)
     except BaseException:
         procs.stop()
         raise

@@ -248,6 +248,8 @@ def test_slowloris_neither_holds_threads_nor_locks_out_the_right_client(
     trickler = threading.Thread(target=_trickle, args=(socks, stop), daemon=True)
     trickler.start()
     try:
+        # every one was taken in: waiting for its handshake, or closed at once
+        assert wait_until(lambda: len(server._pending) + server.refused >= 200, 10)
         # at most MAX_PENDING (64) of them wait for a handshake; the rest were closed at once
         handshakes = sum(t.name == "hostile-conn" for t in threading.enumerate())
         assert handshakes <= 64, f"{handshakes} handshake threads for 200 slow peers"

@@ -158,8 +158,8 @@ def test_a_hanging_factory_is_a_build_timeout_and_frees_the_cluster(
     assert elapsed < 3 + 10 + 15, f"the build timeout took {elapsed:.0f}s"  # timeout, client margin, a loaded machine
     if env_process:
         assert info.value.env_indices == [0] and "env process was killed" in str(info.value)
-        # the env process of the hung build is gone, and no other was left behind
-        assert sum(client2.run(_env_processes).values()) == 0
+        # the env process of the hung build is gone, and the other group's goes with its group
+        assert _wait_until(lambda: sum(client2.run(_env_processes).values()) == 0, 30)
     else:
         assert info.value.env_indices == [0] and "env 0 (_wait_for_file)" in str(info.value)
         # built once, on one worker: not retried on the other
@@ -169,6 +169,42 @@ def test_a_hanging_factory_is_a_build_timeout_and_frees_the_cluster(
         env.reset()
         _, rewards, _, _ = env.step(np.zeros(2, dtype=np.int64))
         assert rewards.tolist() == [1.0, 1.0]
+
+
+def _wait_until(cond: Any, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_an_env_process_does_not_outlive_its_worker_during_a_build(dask_processes: Any, release: str) -> None:
+    import psutil
+    from distributed import Client
+
+    from daskvec.cluster import dumps_factories
+    from daskvec.worker import EnvHost
+
+    procs = dask_processes(1)
+    (worker,) = procs.workers
+    factories = dumps_factories([functools.partial(_wait_for_file, release)], [0])
+    with Client(procs.address, timeout=30, set_as_default=False) as client:
+        client.submit(EnvHost, factories, [0], None, build_timeout=120, actor=True, pure=False)
+        building: list[psutil.Process] = []
+
+        def env_process_started() -> bool:
+            building[:] = [p for p in psutil.Process(worker.pid).children() if "host_main" in " ".join(p.cmdline())]
+            return bool(building)
+
+        assert _wait_until(env_process_started, 60), "the env process never started"
+        procs.kill_worker(worker)  # SIGKILL: the worker cannot clean anything up
+        (env_proc,) = building
+        assert _wait_until(lambda: not env_proc.is_running() or env_proc.status() == psutil.STATUS_ZOMBIE, 15), (
+            f"env process {env_proc.pid} outlived its worker (parent now {env_proc.ppid()})"
+        )
 
 
 def _exit_now() -> gym.Env[Any, Any]:

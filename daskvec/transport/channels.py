@@ -12,11 +12,13 @@ import time
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
+from daskvec.protocol import RemoteError
 from daskvec.transport.codec import decode, encode, pack, unpack
 from daskvec.transport.wire import (
     DIGEST_BYTES,
     NONCE_BYTES,
     ChannelError,
+    PickleLoadError,
     digest,
     recv_exact,
     recv_frames,
@@ -153,7 +155,7 @@ class DirectChannel:
             raise
         except OSError as e:
             raise ChannelError(f"receive from {self._where} failed: {e}") from e
-        return decode(frames)
+        return _decode_reply(frames, self._where)
 
     def close(self) -> None:
         """See :class:`Channel`."""
@@ -197,11 +199,34 @@ class ActorChannel:
             raise
         except Exception as e:
             raise ChannelError(f"actor call failed: {type(e).__name__}: {e}") from e
-        return unpack(data)
+        try:
+            return unpack(data)
+        except PickleLoadError as e:
+            return _unloadable(e, "the actor")
 
     def close(self) -> None:
         """See :class:`Channel`."""
         self._pending = None
+
+
+def _decode_reply(frames: Sequence[Any], where: str) -> Any:
+    """A reply decoded, or a :class:`RemoteError` if its pickle does not load on this side."""
+    try:
+        return decode(frames)
+    except PickleLoadError as e:
+        return _unloadable(e, where)
+
+
+def _unloadable(exc: PickleLoadError, where: str) -> RemoteError:
+    cause = exc.__cause__ or exc
+    return RemoteError(
+        type=f"{type(cause).__module__}.{type(cause).__qualname__}",
+        message=f"the reply from {where} cannot be unpickled on the client: {cause} (is everything the envs "
+        "return, infos included, importable here?)",
+        traceback="",
+        env_index=None,
+        worker=where,
+    )
 
 
 def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Generator[Any, None, None]:

@@ -19,7 +19,7 @@ import cloudpickle
 import numpy as np
 
 from daskvec.protocol import StepReply
-from daskvec.transport.wire import COUNT, MAX_FRAMES, ProtocolError
+from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
         try:
             return pickle.loads(frames[0], buffers=frames[1:])
         except Exception as e:
-            raise ProtocolError(f"malformed message (its pickle does not load: {type(e).__name__}: {e})") from e
+            raise PickleLoadError(f"malformed message (its pickle does not load: {type(e).__name__}: {e})") from e
     if tag in (_STEP_REQUEST, _STEP_REPLY):
         return _decode_step(frames)
     raise ProtocolError(f"malformed message (payload starts with byte {tag})")

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "NONCE_BYTES",
     "ChannelError",
+    "PickleLoadError",
     "ProtocolError",
     "RateLimitedLog",
     "digest",
@@ -64,6 +65,14 @@ class ChannelError(ConnectionError):
 
 class ProtocolError(ChannelError):
     """A peer sent bytes that are not a well-formed message; the connection is dropped."""
+
+
+class PickleLoadError(ProtocolError):
+    """A whole message arrived, but its pickle does not load here (its ``__cause__`` says why).
+
+    The stream is still in step: a client turns this into an error reply (say, an env's
+    info holding a class the client cannot import) instead of dropping the group.
+    """
 
 
 # --------------------------------------------------------------------------- sockets
