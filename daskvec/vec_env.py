@@ -560,7 +560,8 @@ class DaskVecEnv(VecEnv):
         ``None``) and ``env_pid``, the id of the process stepping the envs on the
         worker's host (the worker's own with ``env_process=False``). ``socket`` says
         how a direct channel is connected: ``"unix"`` when the group runs on the
-        client's machine, ``"tcp"`` otherwise (``None`` for the actor transport)."""
+        client's machine, ``"tcp"`` otherwise, ``"tls"`` on a secured cluster (``None`` for
+        the actor transport)."""
         return [
             {
                 "envs": list(g.env_indices),

@@ -107,7 +107,7 @@ def test_daskvec_on_a_dask_gateway_cluster(gateway: Any) -> None:
             with DaskVecEnv([cartpole] * 4, client=client, timeout=120) as env:
                 # detected as secured: the direct channel is TLS with the cluster's certificate
                 assert env.encrypted
-                assert {g["transport"] for g in env.groups} == {"direct/tls"}
+                assert {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
                 for g in env._groups:
                     assert isinstance(g.channel._sock, ssl.SSLSocket)
                     # a plaintext connection to the channel gets nothing, not even the token challenge

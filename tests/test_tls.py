@@ -48,7 +48,7 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
     with DaskVecEnv([cartpole] * 4, client=tls_cluster, timeout=60) as env:
         # transport="auto" on TLS: the direct channel, itself TLS with the cluster's certificates
         assert env.encrypted and env.transport == "auto"
-        assert {g["transport"] for g in env.groups} == {"direct/tls"}
+        assert {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
         for g in env._groups:
             assert isinstance(g.channel._sock, ssl.SSLSocket)
             assert g.desc["tls"] and g.desc["unix_path"] is None  # no plaintext socket at all
@@ -68,14 +68,14 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
 @pytest.mark.timeout(120)
 def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct", timeout=60) as env:
-        assert env.encrypted and {g["transport"] for g in env.groups} == {"direct/tls"}
+        assert env.encrypted and {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="actor", timeout=60) as env:
         assert not env.encrypted and {g["transport"] for g in env.groups} == {"actor"}
         env.reset()
     with caplog.at_level(logging.WARNING, logger="daskvec"), \
             DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct-insecure", timeout=60) as env:
         assert not env.encrypted
-        assert {g["transport"] for g in env.groups} <= {"direct/unix", "direct/tcp"}
+        assert {(g["transport"], g["socket"]) for g in env.groups} <= {("direct", "unix"), ("direct", "tcp")}
         env.reset()
     assert any("UNENCRYPTED" in r.getMessage() for r in caplog.records)
 
