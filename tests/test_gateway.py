@@ -84,7 +84,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 tail = log.read_text(errors="replace")[-2000:]
                 pytest.skip(f"the dask-gateway server did not start (exit {proc.poll()}): {tail}")
             time.sleep(0.3)
-        yield dask_gateway.Gateway(address, auth=dask_gateway.BasicAuth("daskvec"))
+        with dask_gateway.Gateway(address, auth=dask_gateway.BasicAuth("daskvec")) as client:
+            yield client
     finally:
         proc.terminate()
         try:
