@@ -96,6 +96,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.mark.timeout(300)
+# dask-gateway's own Gateway.__del__ touches its stopped event loop (with this distributed)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_daskvec_on_a_dask_gateway_cluster(gateway: Any) -> None:
     from stable_baselines3 import PPO
 
