@@ -69,6 +69,12 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
 def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct", timeout=60) as env:
         assert env.encrypted and {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
+    # envs in a process of their own: that process serves the TLS channel with the worker's certificate
+    with DaskVecEnv([cartpole] * 2, client=tls_cluster, env_process=True, timeout=60) as env:
+        assert env.encrypted and {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
+        assert all(g["env_pid"] != g["pid"] for g in env.groups)
+        env.reset()
+        assert env.step(np.zeros(2, dtype=np.int64))[1].tolist() == [1.0, 1.0]
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="actor", timeout=60) as env:
         assert not env.encrypted and {g["transport"] for g in env.groups} == {"actor"}
         env.reset()
