@@ -9,6 +9,7 @@ import pickle
 import socket
 import ssl
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,37 @@ def test_strangers_and_plaintext_clients_are_refused_by_the_tls_channel(tls_clus
         env.reset()
         obs, _, _, _ = env.step(np.ones(2, dtype=np.int64))
         assert obs[:, 0].tolist() == [1.0, 1.0]
+
+
+def test_tls_channel_server_refuses_and_logs_plaintext_and_foreign_certificates(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In one process: each failed TLS handshake is a clear client error and a refusal line on the server."""
+    from distributed.security import Security
+
+    from daskvec.transport import ChannelError, ChannelServer, DirectChannel
+
+    cluster, foreign = Security.temporary(), Security.temporary()  # two CAs
+    token = b"t" * 32
+    server = ChannelServer("127.0.0.1", token, lambda r: ("ok", r), name="tls-test", unix_dir=None,
+                           ssl_context=cluster.get_listen_args("worker")["ssl_context"])  # fmt: skip
+    try:
+        with caplog.at_level(logging.WARNING, logger="daskvec.transport.server"):
+            with pytest.raises(ChannelError, match="handshake with .* failed"):  # waits for a nonce that never comes
+                DirectChannel(server.address, token, connect_timeout=1)
+            foreign_ctx = foreign.get_connection_args("client")["ssl_context"]
+            with pytest.raises(ChannelError, match=r"TLS handshake with .* failed: .*certificate verify failed"):
+                DirectChannel(server.address, token, connect_timeout=10, ssl_context=foreign_ctx)
+            ok = DirectChannel(server.address, token, connect_timeout=10,
+                               ssl_context=cluster.get_connection_args("client")["ssl_context"])  # fmt: skip
+            ok.send("ping")
+            assert ok.recv(10) == ("ok", "ping") and ok.family == "tls"
+            ok.close()
+        refusals = [r.getMessage() for r in caplog.records if "refused a peer" in r.getMessage()]
+        assert len(refusals) == 1 and "TLS handshake failed" in refusals[0]  # the second is rate-limited
+        deadline = time.monotonic() + 10  # the server counts the second one on its own thread
+        while server.refused < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.refused == 2
+    finally:
+        server.close()
