@@ -223,7 +223,7 @@ def test_tls_channel_server_refuses_and_logs_plaintext_and_foreign_certificates(
                            ssl_context=cluster.get_listen_args("worker")["ssl_context"])  # fmt: skip
     try:
         with caplog.at_level(logging.WARNING, logger="daskvec.transport.server"):
-            with pytest.raises(ChannelError, match="handshake with .* failed"):  # waits for a nonce that never comes
+            with pytest.raises(ChannelError, match=r"handshake with .* failed"):  # waits for a nonce that never comes
                 DirectChannel(server.address, token, connect_timeout=1)
             foreign_ctx = foreign.get_connection_args("client")["ssl_context"]
             with pytest.raises(ChannelError, match=r"TLS handshake with .* failed: .*certificate verify failed"):
