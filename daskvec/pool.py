@@ -305,7 +305,7 @@ class GroupPool:
             return ActorChannel(actor)
         timeout = min(self.options.timeout, 5.0)
         secured_worker = _cluster.address_scheme(str(desc["worker"])) not in _cluster.PLAIN_SCHEMES
-        if secured_worker and not self.options.encrypted and self.transport == "auto":
+        if secured_worker and not self.options.encrypted and self.transport != "direct-insecure":
             # a secured worker joined a cluster that looked plain: never plaintext to it unasked
             logger.warning("worker %s is secured; using Dask actor calls for its envs", desc["worker"])
             return ActorChannel(actor)
@@ -318,7 +318,7 @@ class GroupPool:
         try:
             return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout, ssl_context=ssl_context)
         except ChannelError as e:
-            if self.transport == "direct":
+            if self.transport in ("direct", "direct-insecure"):
                 raise DaskVecEnvError(
                     f"cannot open a direct channel to the env group on {desc['worker']} ({e}); "
                     "use transport='auto' to fall back to Dask actor calls"

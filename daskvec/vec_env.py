@@ -240,7 +240,7 @@ class DaskVecEnv(VecEnv):
         """The transport to use and whether its direct channel is TLS (see ``transport=``)."""
         reasons = _cluster.security_reasons(self.client)
         if not reasons:
-            return ("direct" if transport == "direct-insecure" else transport), False
+            return transport, False
         if transport == "actor":
             return "actor", False
         if transport == "direct-insecure":
@@ -249,7 +249,7 @@ class DaskVecEnv(VecEnv):
                 "between this client and the workers",
                 "; ".join(reasons),
             )
-            return "direct", False
+            return "direct-insecure", False
         if _cluster.client_ssl_context(self.client) is None:  # secured, but no certificate to speak TLS with
             if transport == "direct":
                 raise ValueError(
@@ -540,8 +540,9 @@ class DaskVecEnv(VecEnv):
 
     @property
     def transport(self) -> str:
-        """The transport in use: ``"auto"``, ``"direct"`` or ``"actor"`` (``"actor"`` on a secured
-        cluster without a client TLS context); see :meth:`transport_summary` and :attr:`encrypted`."""
+        """The transport in use: ``"auto"``, ``"direct"``, ``"actor"`` (also on a secured cluster
+        without a client TLS context) or ``"direct-insecure"``; see :meth:`transport_summary`
+        and :attr:`encrypted`."""
         return self.options.transport
 
     @property

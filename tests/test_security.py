@@ -220,3 +220,23 @@ def test_a_factory_that_ends_its_process_is_named_after_one_retry() -> None:
         with pytest.raises(EnvBuildError, match=r"factory _exit_now\) ended the process .* on 2 workers") as info:
             DaskVecEnv([_exit_now], client=client, timeout=60, worker_wait_timeout=60)
         assert not isinstance(info.value, EnvBuildTimeoutError) and info.value.env_indices == [0]
+
+
+@pytest.mark.parametrize(("transport", "kind"), [("auto", "actor"), ("direct", "actor"), ("direct-insecure", "direct")])
+def test_a_secured_worker_joining_a_plain_looking_cluster_gets_no_plaintext_unasked(
+    transport: str, kind: str
+) -> None:
+    """The pool's choice per group: a ``tls://`` worker gets actor calls unless plaintext was asked for."""
+    from daskvec.pool import GroupPool
+    from daskvec.transport import ChannelServer
+
+    token = b"k" * 32
+    server = ChannelServer("127.0.0.1", token, lambda r: r, name="joiner", unix_dir=None)
+    try:
+        pool = GroupPool(None, [cartpole], Options.create(transport=transport), directory=None)  # type: ignore[arg-type]
+        desc = {"worker": "tls://10.0.0.9:4000", "address": server.address, "unix_path": None, "machine": "elsewhere"}
+        channel = pool._channel(SimpleNamespace(), desc, token)
+        assert channel.kind == kind
+        channel.close()
+    finally:
+        server.close()
