@@ -241,3 +241,23 @@ def test_tls_channel_server_refuses_and_logs_plaintext_and_foreign_certificates(
         assert server.refused == 2
     finally:
         server.close()
+
+
+@pytest.mark.timeout(180)
+def test_the_tls_benchmark_measures_what_it_says() -> None:
+    """``daskvec bench --tls``: each kind on the transport its name says (figures are not checked)."""
+    from daskvec.bench.tls import KINDS, format_tls_table, run_tls_benchmark
+
+    result = run_tls_benchmark(n_envs=2, seconds=0.2, warmup=0.05, rounds=2, n_workers=1)
+    got = result["results"]
+    assert list(got) == list(KINDS), got
+    assert {k: (r["transport"], r["encrypted"]) for k, r in got.items()} == {
+        "encrypted": ("direct/tls x1", True),
+        "actor": ("actor x1", False),
+        "plaintext": ("direct/unix x1", False),
+        "plaintext-tcp": ("direct/tcp x1", False),
+    }
+    assert all(r["vec_steps"] > 0 and r["env_steps_per_s"] > 0 for r in got.values())
+    assert set(result["ratios"]) == {"encrypted/actor", "encrypted/plaintext", "encrypted/plaintext-tcp"}
+    table = format_tls_table(result)
+    assert all(kind in table for kind in KINDS) and "encrypted/actor:" in table

@@ -33,12 +33,12 @@ KINDS = ("encrypted", "actor", "plaintext", "plaintext-tcp")
 
 
 @contextlib.contextmanager
-def _cluster(tls: bool) -> Iterator[Any]:
+def _cluster(tls: bool, n_workers: int = 2) -> Iterator[Any]:
     from distributed import Client
 
     from daskvec.cluster import embedded_cluster
 
-    kwargs: dict[str, Any] = {"n_workers": 2, "dashboard_address": ":0"}
+    kwargs: dict[str, Any] = {"n_workers": n_workers, "dashboard_address": ":0"}
     if tls:
         from distributed.security import Security
 
@@ -75,7 +75,7 @@ def _window(env: Any, actions: np.ndarray, seconds: float) -> tuple[int, float]:
 
 
 def run_tls_benchmark(
-    n_envs: int = 8, seconds: float = 3.0, warmup: float = 0.5, seed: int = 0, rounds: int = 6
+    n_envs: int = 8, seconds: float = 3.0, warmup: float = 0.5, seed: int = 0, rounds: int = 6, n_workers: int = 2
 ) -> dict[str, Any]:
     """Measure the encrypted direct channel, actor calls on TLS, and the plaintext channel.
 
@@ -95,6 +95,8 @@ def run_tls_benchmark(
         Seed of the envs and the actions.
     rounds : int
         Windows per vec env.
+    n_workers : int
+        Workers of each cluster.
 
     Returns
     -------
@@ -116,7 +118,7 @@ def run_tls_benchmark(
             try:
                 # a cluster each: groups of two vec envs in one worker process would share
                 # its busy polling (one stepping connection per process polls)
-                client = stack.enter_context(_cluster(tls=tls))
+                client = stack.enter_context(_cluster(tls=tls, n_workers=n_workers))
                 envs[kind] = env = _open(client, transport, n_envs, seed, elsewhere)
             except Exception as e:
                 results[kind] = {"error": f"{type(e).__name__}: {e}"}
@@ -144,18 +146,20 @@ def run_tls_benchmark(
         for other in ("actor", "plaintext", "plaintext-tcp")
         if "encrypted" in rate and other in rate
     }
-    return {"n_envs": n_envs, "results": {k: results[k] for k in KINDS if k in results}, "ratios": ratios}
+    ordered = {k: results[k] for k in KINDS if k in results}
+    return {"n_envs": n_envs, "n_workers": n_workers, "results": ordered, "ratios": ratios}
 
 
 def format_tls_table(result: dict[str, Any]) -> str:
     """The figures of :func:`run_tls_benchmark` as a small text table."""
-    lines = [f"CartPole-v1, {result['n_envs']} envs, 2 workers", f"{'':<11}{'env-steps/s':>12}  transport"]
+    head = f"CartPole-v1, {result['n_envs']} envs, {result.get('n_workers', 2)} workers per cluster"
+    lines = [head, f"{'':<14}{'env-steps/s':>12}  transport"]
     for kind in KINDS:
         r = result["results"].get(kind, {})
         if "error" in r:
-            lines.append(f"{kind:<11}{'failed':>12}  {r['error']}")
+            lines.append(f"{kind:<14}{'failed':>12}  {r['error']}")
         else:
-            lines.append(f"{kind:<11}{r['env_steps_per_s']:>12,.0f}  {r['transport']}")
+            lines.append(f"{kind:<14}{r['env_steps_per_s']:>12,.0f}  {r['transport']}")
     for name, value in result["ratios"].items():
         lines.append(f"{name}: {value:.2f}x")
     return "\n".join(lines)
