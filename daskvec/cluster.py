@@ -36,6 +36,7 @@ __all__ = [
     "KeepEnvWorkers",
     "ResolvedClient",
     "assign_workers",
+    "choose_transport",
     "dumps_factories",
     "eligible_workers",
     "install_dashboard_page",
@@ -296,6 +297,46 @@ def client_ssl_context(client: Any) -> Any:
         return security.get_connection_args("client").get("ssl_context")
     except Exception:
         return None
+
+
+def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
+    """The transport a vec env uses on ``client``'s cluster, and whether its direct channel is TLS.
+
+    On a plain cluster, ``transport`` as given. On a secured one (see
+    :func:`security_reasons`): ``"auto"`` and ``"direct"`` are the TLS direct channel
+    (``"auto"`` falls back to actor calls when the client has no TLS context),
+    ``"actor"`` stays, and ``"direct-insecure"`` is the plaintext channel, with a warning.
+
+    Raises
+    ------
+    ValueError
+        ``transport="direct"`` on a secured cluster whose client has no TLS context.
+    """
+    reasons = security_reasons(client)
+    if not reasons:
+        return transport, False
+    why = "; ".join(reasons)
+    if transport == "actor":
+        return "actor", False
+    if transport == "direct-insecure":
+        logger.warning(
+            "transport='direct-insecure' on a secured cluster (%s): env steps travel UNENCRYPTED "
+            "between this client and the workers",
+            why,
+        )
+        return "direct-insecure", False
+    if client_ssl_context(client) is None:  # secured, but no certificate to speak TLS with
+        if transport == "direct":
+            raise ValueError(
+                f"transport='direct' needs TLS on this secured cluster ({why}), but the client has no TLS "
+                "context (client.security.get_connection_args('client')); pass a client made with "
+                "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), use "
+                "transport='actor', or transport='direct-insecure' to send steps unencrypted"
+            )
+        logger.info("secured cluster (%s) without a client TLS context: using Dask actor calls", why)
+        return "actor", False
+    logger.info("secured cluster (%s): the direct channel uses TLS", why)
+    return transport, True
 
 
 # --------------------------------------------------------------------------- placement

@@ -209,7 +209,7 @@ class DaskVecEnv(VecEnv):
         self.client = self._resolved.client
         self._pool: GroupPool | None = None
         try:
-            transport, encrypted = self._choose_transport(options.transport)
+            transport, encrypted = _cluster.choose_transport(self.client, options.transport)
             self.options = replace(options, transport=transport, encrypted=encrypted)
             self._directory = WorkerDirectory(self.client, self.options)
             self._pool = GroupPool(self.client, self.env_fns, self.options, self._directory)
@@ -235,33 +235,6 @@ class DaskVecEnv(VecEnv):
             "DaskVecEnv: %d envs in %d groups over %d workers (%s transport)",
             n_envs, len(self._pool.groups), len(self._pool.load()), self._pool.summary(),
         )  # fmt: skip
-
-    def _choose_transport(self, transport: str) -> tuple[str, bool]:
-        """The transport to use and whether its direct channel is TLS (see ``transport=``)."""
-        reasons = _cluster.security_reasons(self.client)
-        if not reasons:
-            return transport, False
-        if transport == "actor":
-            return "actor", False
-        if transport == "direct-insecure":
-            logger.warning(
-                "transport='direct-insecure' on a secured cluster (%s): env steps travel UNENCRYPTED "
-                "between this client and the workers",
-                "; ".join(reasons),
-            )
-            return "direct-insecure", False
-        if _cluster.client_ssl_context(self.client) is None:  # secured, but no certificate to speak TLS with
-            if transport == "direct":
-                raise ValueError(
-                    f"transport='direct' needs TLS on this secured cluster ({'; '.join(reasons)}), but the "
-                    "client has no TLS context (client.security.get_connection_args('client')); pass a client "
-                    "made with security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), "
-                    "use transport='actor', or transport='direct-insecure' to send steps unencrypted"
-                )
-            logger.info("secured cluster (%s) without a client TLS context: using Dask actor calls", "; ".join(reasons))
-            return "actor", False
-        logger.info("secured cluster (%s): the direct channel uses TLS", "; ".join(reasons))
-        return ("direct" if transport == "direct" else "auto"), True
 
     def _check_spaces(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The envs' spaces, after checking that every env has those of env 0."""
