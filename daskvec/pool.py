@@ -194,6 +194,9 @@ class GroupPool:
                             for *_, other in attempt:  # a factory raised: drop every group of this attempt
                                 with contextlib.suppress(Exception):
                                     other.cancel()
+                            if not isinstance(e, EnvBuildError):  # which already names them
+                                names = ", ".join(sorted({factory_name(self.env_fns[i]) for i in indices}))
+                                e.add_note(f"daskvec: while building envs {indices} (factory {names}) on {worker}")
                             raise e
                         logger.warning(
                             "could not create env group %s on %s (%s); trying another worker", indices, worker, e

@@ -240,3 +240,11 @@ def test_a_secured_worker_joining_a_plain_looking_cluster_gets_no_plaintext_unas
         channel.close()
     finally:
         server.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_factory_that_ends_its_env_process_is_named_at_once(client2: Any) -> None:
+    with pytest.raises(RuntimeError, match=r"exited with code 3 before they were built") as info:
+        DaskVecEnv([_exit_now], client=client2, timeout=60, env_process=True)
+    assert any("factory _exit_now" in note for note in getattr(info.value, "__notes__", []))
+    assert len(client2.scheduler_info()["workers"]) == 2  # only the env process died
