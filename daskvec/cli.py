@@ -76,7 +76,7 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="envs per Dask actor (default: one actor per worker)")
     parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
                         help="Dask scheduler address, e.g. tcp://10.0.0.1:8786 (default: an embedded LocalCluster)")
-    parser.add_argument("--transport", choices=("auto", "direct", "actor"), default=None,
+    parser.add_argument("--transport", choices=("auto", "direct", "actor", "direct-insecure"), default=None,
                         help="how steps reach the actors (default: Dask config daskvec.transport, auto)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds any single wait for the cluster may take (default: Dask config "

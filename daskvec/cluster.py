@@ -37,6 +37,7 @@ __all__ = [
     "KeepEnvWorkers",
     "ResolvedClient",
     "assign_workers",
+    "choose_transport",
     "dumps_factories",
     "eligible_workers",
     "install_dashboard_page",
@@ -180,6 +181,7 @@ def resolve_client(
     if isinstance(client, Client):
         return ResolvedClient(client)
     if isinstance(client, str):
+        _check_address_security(client)
         try:
             c = Client(client, timeout=connect_timeout, direct_to_workers=True)
         except (OSError, TimeoutError) as e:
@@ -197,10 +199,146 @@ def resolve_client(
     )
 
 
-def uses_tls(client: Any) -> bool:
-    """Whether the client talks to its scheduler over TLS (then the fast path is off)."""
+#: Address schemes of Dask comms that carry bytes in the clear. Any other scheme
+#: (``tls``, ``gateway``, ``wss``, one from a plugin) counts as secured.
+PLAIN_SCHEMES = frozenset({"tcp", "inproc"})
+
+
+def address_scheme(address: str) -> str:
+    """The comm scheme of a Dask address (``"tcp"`` when it has none, as Dask assumes)."""
+    return address.split("://", 1)[0].lower() if "://" in address else "tcp"
+
+
+def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None) -> list[str]:
+    """Why the cluster behind ``client`` counts as secured; empty when it does not.
+
+    Anything that can say so is asked: the scheduler's address scheme, every worker's
+    (a TLS cluster can sit behind a scheduler address that looks plain, e.g. a
+    proxy), and the client's security object (an SSL context or
+    ``require_encryption`` from ``get_connection_args("client")``, which is how
+    dask-gateway's ``GatewaySecurity`` reports it). A security object that cannot be
+    asked counts as secured: in doubt, daskvec never opens a plaintext channel
+    unasked.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client of the cluster.
+    worker_addresses : sequence of str, optional
+        The workers to check; by default every worker the scheduler knows now.
+    """
+    reasons: list[str] = []
     address = str(getattr(client.scheduler, "address", "") or "")
-    return address.startswith("tls://") or bool(getattr(client.security, "require_encryption", False))
+    if address and address_scheme(address) not in PLAIN_SCHEMES:
+        reasons.append(f"scheduler address {address}")
+    if worker_addresses is None:
+        try:
+            worker_addresses = list(scheduler_workers(client))
+        except Exception as e:  # cannot tell: assume the worst
+            reasons.append(f"worker addresses unknown ({type(e).__name__}: {e})")
+            worker_addresses = []
+    secured_workers = [w for w in worker_addresses if address_scheme(w) not in PLAIN_SCHEMES]
+    if secured_workers:
+        reasons.append(
+            f"worker address {secured_workers[0]}"
+            + (f" and {len(secured_workers) - 1} more" if len(secured_workers) > 1 else "")
+        )
+    security = getattr(client, "security", None)
+    if security is not None:
+        try:
+            args = security.get_connection_args("client")
+        except Exception as e:
+            reasons.append(f"security object {type(security).__name__} could not be asked ({type(e).__name__}: {e})")
+        else:
+            if args.get("ssl_context") is not None:
+                reasons.append(f"{type(security).__name__} has a TLS context")
+            if args.get("require_encryption"):
+                reasons.append(f"{type(security).__name__} requires encryption")
+        if getattr(security, "require_encryption", False) and not any("requires encryption" in r for r in reasons):
+            reasons.append(f"{type(security).__name__} requires encryption")
+    return reasons
+
+
+def _check_address_security(address: str) -> None:
+    """A clear error for a secured scheduler address given without certificates.
+
+    Dask's own (``TypeError: TLS expects a ssl_context``) does not say what to pass. The
+    certificates can come from Dask's config (``distributed.comm.tls``), else the user
+    must make the client.
+    """
+    from distributed.security import Security
+
+    scheme = address_scheme(address)
+    if scheme != "tls":
+        return
+    try:
+        configured = Security().get_connection_args("client").get("ssl_context") is not None
+    except Exception:
+        configured = False
+    if not configured:
+        raise ValueError(
+            f"client={address!r} is a TLS address, but no certificates were given; make the client "
+            "yourself and pass it: client=Client(address, security=Security(tls_ca_file='ca.pem', "
+            "tls_client_cert='client.pem', tls_client_key='client-key.pem', require_encryption=True)) "
+            "(from distributed.security import Security), or set distributed.comm.tls.ca-file and "
+            "distributed.comm.tls.client.cert/key in Dask's config"
+        )
+
+
+def uses_tls(client: Any) -> bool:
+    """Whether the cluster behind ``client`` is secured (see :func:`security_reasons`)."""
+    return bool(security_reasons(client))
+
+
+def client_ssl_context(client: Any) -> Any:
+    """The client's TLS context for connecting to workers (``None`` if it has none)."""
+    security = getattr(client, "security", None)
+    if security is None:
+        return None
+    try:
+        return security.get_connection_args("client").get("ssl_context")
+    except Exception:
+        return None
+
+
+def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
+    """The transport a vec env uses on ``client``'s cluster, and whether its direct channel is TLS.
+
+    On a plain cluster, ``transport`` as given. On a secured one (see
+    :func:`security_reasons`): ``"auto"`` and ``"direct"`` are the TLS direct channel
+    (``"auto"`` falls back to actor calls when the client has no TLS context),
+    ``"actor"`` stays, and ``"direct-insecure"`` is the plaintext channel, with a warning.
+
+    Raises
+    ------
+    ValueError
+        ``transport="direct"`` on a secured cluster whose client has no TLS context.
+    """
+    reasons = security_reasons(client)
+    if not reasons:
+        return transport, False
+    why = "; ".join(reasons)
+    if transport == "actor":
+        return "actor", False
+    if transport == "direct-insecure":
+        logger.warning(
+            "transport='direct-insecure' on a secured cluster (%s): env steps travel UNENCRYPTED "
+            "between this client and the workers",
+            why,
+        )
+        return "direct-insecure", False
+    if client_ssl_context(client) is None:  # secured, but no certificate to speak TLS with
+        if transport == "direct":
+            raise ValueError(
+                f"transport='direct' needs TLS on this secured cluster ({why}), but the client has no TLS "
+                "context (client.security.get_connection_args('client')); pass a client made with "
+                "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), use "
+                "transport='actor', or transport='direct-insecure' to send steps unencrypted"
+            )
+        logger.info("secured cluster (%s) without a client TLS context: using Dask actor calls", why)
+        return "actor", False
+    logger.info("secured cluster (%s): the direct channel uses TLS", why)
+    return transport, True
 
 
 # --------------------------------------------------------------------------- placement

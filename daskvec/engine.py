@@ -58,7 +58,7 @@ class Engine:
     client : distributed.Client, str, Cluster or None
         Where the envs run (see :class:`~daskvec.vec_env.DaskVecEnv`).
     options : Options
-        The validated options; the transport is narrowed to ``"actor"`` on TLS clusters.
+        The validated options; the transport is chosen for the cluster (:func:`daskvec.cluster.choose_transport`).
     cluster_kwargs : dict, optional
         Extra arguments for the embedded ``LocalCluster``.
     autoreset : str
@@ -95,7 +95,8 @@ class Engine:
         self.client = self.resolved.client
         self.pool: GroupPool | None = None
         try:
-            self.options = replace(options, transport=self._choose_transport(options.transport))
+            transport, encrypted = _cluster.choose_transport(self.client, options.transport)
+            self.options = replace(options, transport=transport, encrypted=encrypted)
             self.directory = WorkerDirectory(self.client, self.options)
             self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory, autoreset)
             self.ledger = RestartLedger(self.n_envs)
@@ -113,16 +114,6 @@ class Engine:
             raise
         self.timer = ClientTimer()
         self._last_stats = time.monotonic()
-
-    def _choose_transport(self, transport: str) -> str:
-        if not _cluster.uses_tls(self.client):
-            return transport
-        if transport == "direct":
-            raise ValueError(
-                "transport='direct' is not available on a TLS-secured cluster (the direct "
-                "channel is not encrypted); use transport='auto' or 'actor'"
-            )
-        return "actor"
 
     def _check_spaces(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The envs' spaces, after checking that every env has those of env 0."""

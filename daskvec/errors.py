@@ -13,6 +13,8 @@ __all__ = [
     "AlreadySteppingError",
     "ClosedEnvError",
     "DaskVecEnvError",
+    "EnvBuildError",
+    "EnvBuildTimeoutError",
     "EnvRestartBudgetExceeded",
     "NoAsyncCallError",
     "RemoteEnvError",
@@ -103,3 +105,31 @@ class RemoteEnvError(DaskVecEnvError):
     def __init__(self, message: str, remote_type: str = "") -> None:
         super().__init__(message)
         self.remote_type = remote_type
+
+
+class EnvBuildError(DaskVecEnvError):
+    """Building some environments failed in a way that retrying elsewhere would not fix.
+
+    Raised when a factory killed the process building it (``os._exit``, a crash of the
+    interpreter) again after one retry on another worker.
+
+    Attributes
+    ----------
+    env_indices : list of int
+        The environments that were being built.
+    """
+
+    def __init__(self, message: str, env_indices: list[int]) -> None:
+        super().__init__(message)
+        self.env_indices = env_indices
+
+    def __reduce__(self) -> tuple[type, tuple[str, list[int]]]:  # raised on workers, sent to the client
+        return (type(self), (str(self), self.env_indices))
+
+
+class EnvBuildTimeoutError(EnvBuildError):
+    """A factory did not return within ``timeout``; it is not retried on other workers.
+
+    The thread (or env process) running the factory is abandoned (killed), so that the
+    worker stays free for other work.
+    """

@@ -26,13 +26,22 @@ __all__ = ["Options", "check_env_fns", "ignore_subproc_keywords"]
 
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("auto", "direct", "actor")
+TRANSPORTS = ("auto", "direct", "actor", "direct-insecure")
 ON_WORKER_LOST = ("restart", "raise")
 ON_ENV_ERROR = ("raise", "restart")
 
 
+def _number(name: str, value: Any) -> float:
+    """``value`` as a float, or a ``TypeError`` naming ``name`` if it is no number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = f"; pass {name}={value.strip()}, not the string {value!r}" if isinstance(value, str) else ""
+        kind = type(value).__name__
+        raise TypeError(f"{name} must be a number of seconds (int or float), not {kind} {value!r}{hint}")
+    return float(value)
+
+
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not _number(name, value) > 0:
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
     return float(value)
 
@@ -122,6 +131,8 @@ class Options:
     auto_rebalance: bool = False
     rebalance_interval: float = 10.0
     cache_action_masks: bool = True
+    #: Set by the vec env, not by the user: the direct channel is TLS (a secured cluster).
+    encrypted: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ import numpy as np
 from daskvec import _dask
 from daskvec import cluster as _cluster
 from daskvec.directory import Layout, WorkerDirectory
-from daskvec.errors import DaskVecEnvError, WorkerLostError
+from daskvec.errors import DaskVecEnvError, EnvBuildError, WorkerLostError
 from daskvec.options import Options
 from daskvec.protocol import Command, RemoteError, StepReply
 from daskvec.transport import (
@@ -40,11 +40,15 @@ from daskvec.transport import (
     recv_many,
     wait_ready,
 )
-from daskvec.worker import EnvGroup, EnvHost, kill_env_process
+from daskvec.worker import EnvGroup, EnvHost, factory_name, kill_env_process
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Group", "GroupPool", "RestartHistory", "StepOutcome"]
+
+#: Seconds the client waits for a group beyond ``timeout``: a factory that hangs is
+#: reported by the worker (which gives up after ``timeout``), not taken for a dead worker.
+_BUILD_MARGIN = 10.0
 
 
 class RestartHistory(Protocol):
@@ -194,10 +198,11 @@ class GroupPool:
         restarting an env after an error derives its seed from them and counts the
         error restarts against ``max_restarts``.
         """
-        deadline = time.monotonic() + max(self.options.timeout, self.options.worker_wait_timeout)
+        deadline = time.monotonic() + max(self.options.timeout + _BUILD_MARGIN, self.options.worker_wait_timeout)
         pending = list(layout)
         created: list[Group] = []
         bad: set[str] = set(exclude)
+        crashed: dict[tuple[int, ...], list[str]] = {}  # envs -> workers lost while building them
         try:
             while pending:
                 attempt = [self._submit(indices, worker, history) for indices, worker in pending]
@@ -206,11 +211,16 @@ class GroupPool:
                     try:
                         created.append(self._connect(indices, worker, token, key, fut, deadline))
                     except Exception as e:
+                        if _is_placement_failure(e) and not isinstance(e, TimeoutError):
+                            e = self._check_crash(crashed.setdefault(tuple(indices), []), indices, worker, e)
                         if not _is_placement_failure(e):
                             for *_, other in attempt:  # a factory raised: drop every group of this attempt
                                 with contextlib.suppress(Exception):
                                     other.cancel()
-                            raise
+                            if not isinstance(e, EnvBuildError):  # which already names them
+                                names = ", ".join(sorted({factory_name(self.env_fns[i]) for i in indices}))
+                                e.add_note(f"daskvec: while building envs {indices} (factory {names}) on {worker}")
+                            raise e
                         logger.warning(
                             "could not create env group %s on %s (%s); trying another worker", indices, worker, e
                         )
@@ -236,6 +246,26 @@ class GroupPool:
             raise
         return created
 
+    def _check_crash(self, lost: list[str], indices: list[int], worker: str, exc: Exception) -> Exception:
+        """``exc``, or an :class:`EnvBuildError` when building ``indices`` lost a second worker.
+
+        One worker lost during a build may be bad luck; two in a row for the same envs
+        is their factory killing its process (``os._exit``, a crash), which retrying on
+        every worker would only repeat.
+        """
+        lost.append(worker)
+        if len(lost) < 2:
+            return exc
+        names = sorted({factory_name(self.env_fns[i]) for i in indices})
+        err = EnvBuildError(
+            f"building envs {indices} (factory {', '.join(names)}) ended the process building them on "
+            f"{len(lost)} workers in a row ({', '.join(lost)}): the factory calls os._exit or crashes the "
+            "interpreter. Fix the factory; env_process=True keeps such crashes out of the workers",
+            env_indices=list(indices),
+        )
+        err.__cause__ = exc
+        return err
+
     def _submit(self, indices: list[int], worker: str, history: RestartHistory) -> tuple[Any, ...]:
         token = secrets.token_bytes(32) if self.transport != "actor" else None
         key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
@@ -246,8 +276,9 @@ class GroupPool:
             "send_masks": self.options.cache_action_masks,
             "autoreset": self.autoreset,
         }
-        if self.options.env_process:
-            options["build_timeout"] = self.options.timeout
+        options["build_timeout"] = self.options.timeout  # the worker gives up first (_BUILD_MARGIN)
+        if self.options.encrypted:  # issue 15: the group's TCP channel speaks TLS
+            options["tls"] = True
         fut = self.client.submit(
             EnvHost if self.options.env_process else EnvGroup,
             _cluster.dumps_factories(self.env_fns, indices),
@@ -268,7 +299,7 @@ class GroupPool:
     def _connect(
         self, indices: list[int], worker: str, token: bytes | None, key: str, fut: Any, deadline: float
     ) -> Group:
-        timeout = min(self.options.timeout, max(deadline - time.monotonic(), 1.0))
+        timeout = min(self.options.timeout + _BUILD_MARGIN, max(deadline - time.monotonic(), 1.0))
         # as_current: the Actor proxy binds to the client current when it is
         # unpickled; without it a client made with set_as_default=False is not found
         with self.client.as_current():
@@ -301,15 +332,21 @@ class GroupPool:
         if self.transport == "actor" or token is None or desc.get("address") is None:
             return ActorChannel(actor)
         timeout = min(self.options.timeout, 5.0)
-        if desc.get("unix_path") and desc.get("machine") == machine_id():
+        secured_worker = _cluster.address_scheme(str(desc["worker"])) not in _cluster.PLAIN_SCHEMES
+        if secured_worker and not self.options.encrypted and self.transport != "direct-insecure":
+            # a secured worker joined a cluster that looked plain: never plaintext to it unasked
+            logger.warning("worker %s is secured; using Dask actor calls for its envs", desc["worker"])
+            return ActorChannel(actor)
+        ssl_context = _cluster.client_ssl_context(self.client) if self.options.encrypted else None
+        if ssl_context is None and desc.get("unix_path") and desc.get("machine") == machine_id():
             try:
                 return DirectChannel(desc["unix_path"], token, connect_timeout=timeout)
             except ChannelError as e:  # e.g. a container that shares the host name, not the files
                 logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc["worker"], e)
         try:
-            return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout)
+            return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout, ssl_context=ssl_context)
         except ChannelError as e:
-            if self.transport == "direct":
+            if self.transport in ("direct", "direct-insecure"):
                 raise DaskVecEnvError(
                     f"cannot open a direct channel to the env group on {desc['worker']} ({e}); "
                     "use transport='auto' to fall back to Dask actor calls"

@@ -89,10 +89,13 @@ class DaskVecEnv(VecEnv):
         Addresses or names of the workers that may hold envs.
     resources : dict, optional
         Worker resources (e.g. ``{"envs": 1}``) a worker must have to hold envs.
-    transport : {"auto", "direct", "actor"}
-        ``"direct"``: a dedicated authenticated socket to each actor (fast);
-        ``"actor"``: plain Dask actor calls; ``"auto"`` (default): direct where the
-        worker can be reached and the cluster does not use TLS, else actor calls.
+    transport : {"auto", "direct", "actor", "direct-insecure"}
+        ``"direct"``: a dedicated authenticated socket to each actor (fast); on a
+        secured cluster (TLS or dask-gateway, see docs/security.md) it is TLS with the
+        cluster's own certificates. ``"actor"``: plain Dask actor calls. ``"auto"``
+        (default): direct where the worker can be reached, else actor calls.
+        ``"direct-insecure"``: the unencrypted direct channel even on a secured
+        cluster (logged as a warning).
     env_process : bool
         Run each group's envs in a process of their own beside its worker (POSIX
         systems only). An env that crashes the interpreter then takes only its group
@@ -448,8 +451,15 @@ class DaskVecEnv(VecEnv):
 
     @property
     def transport(self) -> str:
-        """The transport asked for (``"actor"`` on a TLS cluster); see :meth:`transport_summary`."""
+        """The transport in use: ``"auto"``, ``"direct"``, ``"actor"`` (also on a secured cluster
+        without a client TLS context) or ``"direct-insecure"``; see :meth:`transport_summary`
+        and :attr:`encrypted`."""
         return self.options.transport
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the direct channels are TLS (a secured cluster; see docs/security.md)."""
+        return self.options.encrypted
 
     def transport_summary(self) -> str:
         """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
@@ -462,8 +472,9 @@ class DaskVecEnv(VecEnv):
         ``None``) and ``env_pid``, the id of the process stepping the envs on the
         worker's host (the worker's own with ``env_process=False``). ``socket`` says
         how a direct channel is connected: ``"unix"`` when the group runs on the
-        client's machine, ``"tcp"`` otherwise (``None`` for the actor transport).
-        ``busy_poll`` is the budget the group's worker applies to its channel."""
+        client's machine, ``"tcp"`` otherwise, ``"tls"`` on a secured cluster (``None`` for
+        the actor transport). ``busy_poll`` is the budget the group's worker applies to its
+        channel."""
         return [
             {
                 "envs": list(g.env_indices),

@@ -64,8 +64,11 @@ class DaskProcesses:
     worker_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
-    def add_worker(self, *extra: str) -> subprocess.Popen[bytes]:
-        """Start one more ``dask worker`` process (no nanny, so SIGKILL kills it for good)."""
+    def add_worker(self, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start one more ``dask worker`` process (no nanny, so SIGKILL kills it for good).
+
+        ``log``: a file that gets the worker's output (else it is discarded).
+        """
         cmd = [
             sys.executable,
             "-m",
@@ -78,7 +81,11 @@ class DaskProcesses:
             *self.worker_args,
             *extra,
         ]
-        p = subprocess.Popen(cmd, cwd=self.cwd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if log is None:
+            p = subprocess.Popen(cmd, cwd=self.cwd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            with log.open("ab") as out:
+                p = subprocess.Popen(cmd, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         self.workers.append(p)
         return p
 
@@ -154,7 +161,8 @@ def start_dask_processes(
     try:
         for _ in range(n_workers):
             procs.add_worker()
-        procs.wait_for_workers(n_workers)
+        if n_workers:
+            procs.wait_for_workers(n_workers)
     except BaseException:
         procs.stop()
         raise

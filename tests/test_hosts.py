@@ -4,7 +4,7 @@ Each worker runs in a network and UTS namespace of its own (its own address and 
 name), the scheduler on a bridge, the client here. Checked: the direct channel goes over
 TCP between hosts and gives DummyVecEnv's results; a host's worker killed during PPO
 training; a partitioned host under ``step_timeout``; a healed partition and a new host
-used by ``rebalance()``; a TLS cluster across hosts; stepping through a relay that adds
+used by ``rebalance()``; a TLS cluster across hosts (the encrypted direct channel); stepping through a relay that adds
 a 10 ms round trip. Correctness only: speed is the benchmark's job.
 
 Needs root, ``ip``, ``unshare`` and ``iptables``; skipped (with the reason) without them.
@@ -288,9 +288,9 @@ def test_tls_cluster_across_hosts(emulated: Any) -> None:
     hosts = emulated(2, tls=True)
     assert hosts.address.startswith("tls://")
     with hosts.client() as client, DaskVecEnv([cartpole] * 4, client=client, timeout=60) as env:
-        # the direct channel is not encrypted: on TLS every group uses Dask's (encrypted) actor calls
-        assert env.transport == "actor"
-        assert {(g["transport"], g["socket"]) for g in env.groups} == {("actor", None)}
+        # on TLS the direct channel to each host is TLS too, with the cluster's certificates (issue 15)
+        assert env.encrypted
+        assert {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
         assert all(g["worker"].startswith("tls://") for g in env.groups)
         assert sorted(envs_by_host(hosts, env).values()) == [[0, 1], [2, 3]]
         for group in env._groups:

@@ -29,6 +29,8 @@ The package, in the order a run uses it:
 - :mod:`~daskvec.bench.measure` and :mod:`~daskvec.bench.memory`: one vec env timed, and
   the memory of the processes it uses;
 - :mod:`~daskvec.bench.dashboard_load`: the dashboard page open vs closed;
+- :mod:`~daskvec.bench.tls`: ``--tls``, the encrypted direct channel against actor calls
+  and the plaintext channel;
 - :mod:`~daskvec.bench.machine`: the machine and software;
 - :mod:`~daskvec.bench.driver`: :func:`run_benchmark`, every case in turn;
 - :mod:`~daskvec.bench.report`: JSON, PNG and the table;

@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for the JSON and PNG results (default bench-results)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
     parser.add_argument("-v", "--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
+    parser.add_argument("--tls", action="store_true",  # issue 15
+                        help="instead of the scenarios: the encrypted direct channel vs actor calls on a TLS "
+                             "cluster vs the plaintext direct channel (CartPole, --envs, default 8)")
 
 
 @contextlib.contextmanager
@@ -101,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         reported), 2 for invalid options.
     """
     quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
+    if getattr(args, "tls", False):
+        return _run_tls(args, quiet)
     try:
         with quiet:
             results = run_benchmark(
@@ -133,6 +138,25 @@ def run(args: argparse.Namespace) -> int:
     failed = any("error" in r for c in results["cases"] for r in c["results"].values())
     failed = failed or bool(results.get("dashboard") and "error" in results["dashboard"])
     return 1 if failed else 0
+
+
+def _run_tls(args: argparse.Namespace, quiet: contextlib.AbstractContextManager[None]) -> int:
+    """``daskvec bench --tls``: print the table, write ``tls.json`` in ``--out``."""
+    import json
+    import os
+
+    from daskvec.bench.tls import format_tls_table, run_tls_benchmark
+
+    with quiet:
+        result = run_tls_benchmark(n_envs=(args.envs or [8])[0], seconds=args.seconds, warmup=args.warmup,
+                                   seed=args.seed)  # fmt: skip
+    print(format_tls_table(result))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "tls.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    print(f"json: {path}")
+    return 1 if any("error" in r for r in result["results"].values()) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

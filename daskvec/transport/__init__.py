@@ -36,7 +36,7 @@ from daskvec.protocol import StepReply
 from daskvec.transport.channels import ActorChannel, Channel, DirectChannel, iter_replies, recv_many, wait_ready
 from daskvec.transport.codec import OUT_OF_BAND_MIN_BYTES, decode, encode, pack, unpack
 from daskvec.transport.server import ChannelServer, check_busy_poll
-from daskvec.transport.wire import ChannelError, machine_id
+from daskvec.transport.wire import ChannelError, ProtocolError, machine_id
 
 __all__ = [
     "OUT_OF_BAND_MIN_BYTES",
@@ -45,6 +45,7 @@ __all__ = [
     "ChannelError",
     "ChannelServer",
     "DirectChannel",
+    "ProtocolError",
     "StepReply",
     "check_busy_poll",
     "decode",

@@ -8,15 +8,18 @@ import logging
 import secrets
 import select
 import socket
+import ssl
 import time
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
+from daskvec.protocol import RemoteError
 from daskvec.transport.codec import decode, encode, pack, unpack
 from daskvec.transport.wire import (
     DIGEST_BYTES,
     NONCE_BYTES,
     ChannelError,
+    PickleLoadError,
     digest,
     recv_exact,
     recv_frames,
@@ -58,37 +61,38 @@ class DirectChannel:
         The secret given to the actor when it was created.
     connect_timeout : float
         Seconds to wait for the connection and the handshake.
+    ssl_context : ssl.SSLContext or None, optional
+        A client-side TLS context (the cluster's ``get_connection_args("client")``):
+        the TCP connection is TLS, with this context's certificate for mutual TLS,
+        before the token handshake. Not for a Unix socket.
 
     Attributes
     ----------
-    family : {"tcp", "unix"}
+    family : {"tcp", "tls", "unix"}
         Which kind of socket this channel uses.
 
     Raises
     ------
     ChannelError
-        When the address cannot be reached or the peer fails the handshake.
+        When the address cannot be reached, the TLS handshake fails or the peer
+        fails the token handshake.
     """
 
     kind = "direct"
 
-    def __init__(self, address: tuple[str, int] | str, token: bytes, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int] | str,
+        token: bytes,
+        connect_timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.address = address
-        self.family = "unix" if isinstance(address, str) else "tcp"
+        if isinstance(address, str) and ssl_context is not None:
+            raise ValueError("a TLS channel needs a TCP address, not a Unix socket path")
+        self.family = "unix" if isinstance(address, str) else "tcp" if ssl_context is None else "tls"
         where = self._where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
-        try:
-            if isinstance(address, str):
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    sock.settimeout(connect_timeout)
-                    sock.connect(address)
-                except BaseException:
-                    sock.close()
-                    raise
-            else:
-                sock = socket.create_connection(address, timeout=connect_timeout)
-        except OSError as e:
-            raise ChannelError(f"cannot connect to {where}: {e}") from e
+        sock = self._open(address, connect_timeout, ssl_context)
         try:
             server_nonce = bytes(recv_exact(sock, NONCE_BYTES))
             client_nonce = secrets.token_bytes(NONCE_BYTES)
@@ -100,10 +104,36 @@ class DirectChannel:
         if not hmac.compare_digest(proof, digest(token, b"server", client_nonce)):
             sock.close()
             raise ChannelError(f"peer at {where} failed authentication")
-        if self.family == "tcp":
+        if self.family != "unix":
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)
         self._sock: socket.socket | None = sock
+
+    def _open(
+        self, address: tuple[str, int] | str, timeout: float, ssl_context: ssl.SSLContext | None
+    ) -> socket.socket:
+        """Connect, and complete the TLS handshake when there is a context."""
+        try:
+            if isinstance(address, str):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(timeout)
+                    sock.connect(address)
+                except BaseException:
+                    sock.close()
+                    raise
+                return sock
+            sock = socket.create_connection(address, timeout=timeout)
+        except OSError as e:
+            raise ChannelError(f"cannot connect to {self._where}: {e}") from e
+        if ssl_context is None:
+            return sock
+        try:
+            hostname = address[0] if ssl_context.check_hostname else None
+            return ssl_context.wrap_socket(sock, server_hostname=hostname)
+        except (OSError, ssl.CertificateError) as e:
+            sock.close()
+            raise ChannelError(f"TLS handshake with {self._where} failed: {e}") from e
 
     def send(self, request: Any) -> None:
         """See :class:`Channel`."""
@@ -126,7 +156,7 @@ class DirectChannel:
             raise
         except OSError as e:
             raise ChannelError(f"receive from {self._where} failed: {e}") from e
-        return decode(frames)
+        return _decode_reply(frames, self._where)
 
     def fileno(self) -> int:
         """The socket's descriptor, to wait on several channels at once (-1 once closed)."""
@@ -174,7 +204,10 @@ class ActorChannel:
             raise
         except Exception as e:
             raise ChannelError(f"actor call failed: {type(e).__name__}: {e}") from e
-        return unpack(data)
+        try:
+            return unpack(data)
+        except PickleLoadError as e:
+            return _unloadable(e, "the actor")
 
     def done(self) -> bool:
         """Whether the reply (or the call's failure) is in, so that :meth:`recv` will not wait."""
@@ -183,6 +216,26 @@ class ActorChannel:
     def close(self) -> None:
         """See :class:`Channel`."""
         self._pending = None
+
+
+def _decode_reply(frames: Sequence[Any], where: str) -> Any:
+    """A reply decoded, or a :class:`RemoteError` if its pickle does not load on this side."""
+    try:
+        return decode(frames)
+    except PickleLoadError as e:
+        return _unloadable(e, where)
+
+
+def _unloadable(exc: PickleLoadError, where: str) -> RemoteError:
+    cause = exc.__cause__ or exc
+    return RemoteError(
+        type=f"{type(cause).__module__}.{type(cause).__qualname__}",
+        message=f"the reply from {where} cannot be unpickled on the client: {cause} (is everything the envs "
+        "return, infos included, importable here?)",
+        traceback="",
+        env_index=None,
+        worker=where,
+    )
 
 
 def iter_replies(channels: Sequence[Channel], timeout: float | None) -> Generator[Any, None, None]:

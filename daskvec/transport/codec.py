@@ -19,7 +19,7 @@ import cloudpickle
 import numpy as np
 
 from daskvec.protocol import StepReply
-from daskvec.transport.wire import COUNT, ChannelError
+from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -241,10 +241,10 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         if not quiet and any(b & _FINAL_OBS for b in flags):
             final, offset = _read_array(payload, offset, extra)
         masks = _read_array(payload, offset, extra)[0] if tag == _STEP_REPLY_MASKS else None
-    except (struct.error, ValueError, TypeError, IndexError) as e:
-        raise ChannelError(f"malformed compact message: {e}") from e
+    except Exception as e:  # struct, NumPy and index errors of every kind: all mean a bad message
+        raise ProtocolError(f"malformed compact message: {type(e).__name__}: {e}") from e
     if len(flags) != n or len(obs) != n or (masks is not None and len(masks) != n):
-        raise ChannelError("malformed compact step reply (lengths differ)")
+        raise ProtocolError("malformed compact step reply (lengths differ)")
     no = np.zeros(n, dtype=bool)
     reply = StepReply(obs, rewards, no, no.copy(), env_seconds=env_seconds, masks=masks)
     if quiet:
@@ -256,13 +256,13 @@ def _decode_step(frames: Sequence[Any]) -> Any:
     for pos, b in enumerate(flags):
         if b & _FINAL_OBS:
             if final is None or k >= len(final):
-                raise ChannelError("malformed compact step reply (final observations)")
+                raise ProtocolError("malformed compact step reply (final observations)")
             reply.final_obs[pos] = final[k]
             k += 1
         if b & _RESET_INFO:
             reply.reset_infos[pos] = {}
     if final is not None and k != len(final):
-        raise ChannelError("malformed compact step reply (final observations)")
+        raise ProtocolError("malformed compact step reply (final observations)")
     return reply
 
 
@@ -311,15 +311,23 @@ def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
 
     Raises
     ------
-    ChannelError
-        If the payload is neither a pickle nor a well-formed compact step message.
+    ProtocolError
+        If the frames are not a message :func:`encode` could have made: no payload, an
+        unknown tag, a malformed compact record, or a pickle that does not load (the
+        original exception is the ``__cause__``). Nothing else escapes, whatever the
+        bytes.
     """
-    tag = frames[0][0] if len(frames[0]) else -1
+    if not frames or not len(frames[0]):
+        raise ProtocolError("malformed message (empty payload)")
+    tag = frames[0][0]
     if tag == _PICKLE:
-        return pickle.loads(frames[0], buffers=frames[1:])
+        try:
+            return pickle.loads(frames[0], buffers=frames[1:])
+        except Exception as e:
+            raise PickleLoadError(f"malformed message (its pickle does not load: {type(e).__name__}: {e})") from e
     if tag in (_STEP_REQUEST, _STEP_REPLY, _STEP_REPLY_MASKS):
         return _decode_step(frames)
-    raise ChannelError(f"malformed message (payload starts with byte {tag})")
+    raise ProtocolError(f"malformed message (payload starts with byte {tag})")
 
 
 def pack(obj: Any) -> bytes:
@@ -328,14 +336,27 @@ def pack(obj: Any) -> bytes:
 
 
 def unpack(data: bytes | bytearray | memoryview) -> Any:
-    """Inverse of :func:`pack`."""
-    view = memoryview(data)
-    (count,) = COUNT.unpack_from(view, 0)
-    offset = COUNT.size
-    lengths = struct.unpack_from(f"!{count}Q", view, offset)
+    """Inverse of :func:`pack`.
+
+    Raises
+    ------
+    ProtocolError
+        If ``data`` is not something :func:`pack` made.
+    """
+    view = memoryview(data).cast("B")
+    try:
+        (count,) = COUNT.unpack_from(view, 0)
+        if not 0 < count <= MAX_FRAMES:
+            raise ProtocolError(f"malformed packed message ({count} frames)")
+        offset = COUNT.size
+        lengths = struct.unpack_from(f"!{count}Q", view, offset)
+    except struct.error as e:
+        raise ProtocolError(f"malformed packed message: {e}") from e
     offset += 8 * count
     frames = []
     for n in lengths:
+        if offset + n > view.nbytes:
+            raise ProtocolError("malformed packed message (frames longer than the data)")
         frames.append(view[offset : offset + n])
         offset += n
     return decode(frames)

@@ -9,18 +9,24 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
+from daskvec.protocol import RemoteError
 from daskvec.transport.codec import decode, encode
 from daskvec.transport.wire import (
     DIGEST_BYTES,
     HANDSHAKE_TIMEOUT,
     NONCE_BYTES,
     ChannelError,
+    ProtocolError,
+    RateLimitedLog,
     digest,
     recv_exact,
     recv_frames,
@@ -57,9 +63,12 @@ def _poll_readable(conn: socket.socket, budget: float) -> bool:
     """
     end = time.perf_counter() + budget
     flags = socket.MSG_PEEK | socket.MSG_DONTWAIT
+    tls = isinstance(conn, ssl.SSLSocket)
     while True:
+        if tls and cast(ssl.SSLSocket, conn).pending():
+            return True  # decrypted bytes already buffered
         try:
-            conn.recv(1, flags)
+            socket.socket.recv(conn, 1, flags)  # the raw socket's recv: TLS sockets refuse flags
             return True  # a byte waiting, or b"" when the peer closed: the receive finds out which
         except BlockingIOError:
             pass
@@ -72,10 +81,45 @@ def _poll_readable(conn: socket.socket, budget: float) -> bool:
 
 #: Longest Unix socket path used; the kernel's limit is 107 bytes on Linux, 103 on macOS.
 _MAX_UNIX_PATH = 100
+#: Connections that may wait for their handshake at once, per server.
+MAX_PENDING = 64
+#: When that many wait, a new connection pushes out the one that has waited longest if it
+#: has waited at least this long (a slow or silent peer); otherwise (a burst of fresh
+#: connections) the new one is closed at once.
+_EVICT_AFTER = 1.0
+#: Seconds the accept loop sleeps after an error, doubling per error in a row up to the max.
+_BACKOFF_MIN, _BACKOFF_MAX = 0.01, 1.0
+#: Seconds between two checks of the handshake deadlines (the accept loop's wake-ups).
+_SWEEP_INTERVAL = 0.5
+#: Seconds between two log lines of the same kind (refusals, accept errors, bad frames).
+LOG_INTERVAL = 10.0
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A connection waiting for its handshake, and when it must be done."""
+
+    sock: socket.socket
+    since: float
+    deadline: float
+
+    def cut(self) -> None:
+        """Shut the connection down from another thread: its blocking read ends at once."""
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # the raw socket, TLS or not
 
 
 class ChannelServer:
     """Worker side of :class:`DirectChannel`: a listening socket served by threads.
+
+    Hostile peers are expected. At most ``max_pending`` connections wait for their
+    handshake at once, each for at most ``handshake_timeout`` seconds in all (TLS
+    included); a connection beyond the cap pushes out the one that has waited longest
+    when that one has waited over a second, and is itself closed at once otherwise. The
+    accept loop outlives any error (no descriptor left, ``EMFILE``, included): it backs
+    off, logs once per burst and goes on. A malformed message ends its connection with
+    one log line; no thread dies with a traceback. Repeated log lines of one kind are
+    rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`).
 
     Parameters
     ----------
@@ -100,6 +144,15 @@ class ChannelServer:
         sleeping thread, which on virtual machines costs tens to hundreds of
         microseconds per round trip. Only the one fast-stepping connection of a
         process polls, and it stops while its client is slow.
+    ssl_context : ssl.SSLContext or None, optional
+        A server-side TLS context (the worker's ``get_listen_args("worker")``): every
+        TCP connection must complete a TLS handshake, with a client certificate when
+        the context requires one, before the token handshake. The Unix socket, private
+        to this user on this machine, stays plain.
+    max_pending : int, optional
+        Connections that may wait for their handshake at once.
+    handshake_timeout : float, optional
+        Seconds a connection has, in all, to complete its handshake.
 
     Attributes
     ----------
@@ -108,8 +161,13 @@ class ChannelServer:
     unix_path : str or None
         The Unix socket's path, when there is one. It lives in a directory only this
         user can enter, and the same handshake guards it.
+    tls : bool
+        Whether TCP connections are TLS.
     refused : int
-        Connections dropped because the peer failed the handshake.
+        Connections dropped because the peer failed the handshake (TLS or token), ran
+        out of time, or found no free slot.
+    accept_errors : int
+        Errors of the accept loop (each followed by a back-off).
     polls, poll_hits : int
         How many times a connection busy-polled for its next request, and how many of
         those polls found it (the rest ended in a sleep in the kernel). Diagnostic
@@ -124,6 +182,9 @@ class ChannelServer:
         name: str = "daskvec",
         unix_dir: str | None = "",
         busy_poll: float = 0.0,
+        ssl_context: ssl.SSLContext | None = None,
+        max_pending: int = MAX_PENDING,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         budget = check_busy_poll(busy_poll)
         # polling needs non-blocking peeks and sched_yield (POSIX); elsewhere it is off
@@ -131,17 +192,24 @@ class ChannelServer:
         self._token = token
         self._handler = handler
         self._name = name
+        self._ssl = ssl_context
+        self.tls = ssl_context is not None
+        self._max_pending = max(int(max_pending), 1)
+        self._handshake_timeout = float(handshake_timeout)
+        self._log = RateLimitedLog(logger, LOG_INTERVAL)
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._pending: list[_Pending] = []  # oldest first
         self.refused = 0
+        self.accept_errors = 0
         self.polls = 0
         self.poll_hits = 0
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))
-        self._sock.listen(16)
+        self._sock.listen(128)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._listeners = [self._sock]
         self._unix_dir: str | None = None
@@ -149,6 +217,7 @@ class ChannelServer:
         if unix_dir is not None and hasattr(socket, "AF_UNIX"):
             self._listen_unix(unix_dir or None)
         for sock in self._listeners:
+            sock.settimeout(_SWEEP_INTERVAL)  # the accept loop wakes up to enforce deadlines
             threading.Thread(target=self._accept_loop, args=(sock,), name=f"{name}-accept", daemon=True).start()
 
     def _listen_unix(self, parent: str | None) -> None:
@@ -166,7 +235,7 @@ class ChannelServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
-            sock.listen(16)
+            sock.listen(128)
         except OSError as e:
             logger.debug("no Unix socket for %s: %s", self._name, e)
             sock.close()
@@ -175,74 +244,189 @@ class ChannelServer:
         self._unix_dir, self.unix_path = directory, path
         self._listeners.append(sock)
 
+    # ------------------------------------------------------------------ accepting
     def _accept_loop(self, listener: socket.socket) -> None:
+        delay = 0.0
         while not self._closed.is_set():
+            self._sweep()
             try:
                 conn, peer = listener.accept()
-            except OSError:
-                return
-            threading.Thread(
-                target=self._serve, args=(conn, peer or "unix"), name=f"{self._name}-conn", daemon=True
-            ).start()
+            except TimeoutError:
+                continue
+            except Exception as e:  # EMFILE, ENFILE, ENOBUFS, ECONNABORTED, ...: back off, go on
+                if self._closed.is_set() or listener.fileno() < 0:
+                    return
+                self.accept_errors += 1
+                delay = min(max(2 * delay, _BACKOFF_MIN), _BACKOFF_MAX)
+                self._log(
+                    "accept", logging.WARNING,
+                    "daskvec channel %s cannot accept connections (%s: %s); retrying",
+                    self._name, type(e).__name__, e,
+                )  # fmt: skip
+                self._closed.wait(delay)
+                continue
+            delay = 0.0
+            try:
+                self._admit(conn, peer or "unix")
+            except Exception as e:  # e.g. no thread can be started: drop this one, keep accepting
+                conn.close()
+                self._log("admit", logging.WARNING, "daskvec channel %s dropped a connection: %s", self._name, e)
 
-    def _authenticate(self, conn: socket.socket) -> bool:
-        conn.settimeout(HANDSHAKE_TIMEOUT)
+    def _admit(self, conn: socket.socket, peer: Any) -> None:
+        """Give ``conn`` a handshake slot and a thread, or close it at once if none is free."""
+        now = time.monotonic()
+        entry: _Pending | None = _Pending(conn, now, now + self._handshake_timeout)
+        with self._lock:
+            evicted = None
+            if len(self._pending) >= self._max_pending:
+                if now - self._pending[0].since < _EVICT_AFTER:
+                    entry = None  # a burst of fresh connections: the newest goes
+                else:
+                    evicted = self._pending.pop(0)  # the slowest peer goes
+            if entry is not None:
+                self._pending.append(entry)
+        if entry is None:
+            self.refused += 1  # an evicted peer is counted by its own thread, when its read fails
+        if entry is None or evicted is not None:
+            self._log(
+                "full", logging.WARNING,
+                "daskvec channel %s has %d connections waiting for their handshake; closed one at once",
+                self._name, self._max_pending,
+            )  # fmt: skip
+        if evicted is not None:
+            evicted.cut()
+        if entry is None:
+            conn.close()
+            return
+        try:
+            threading.Thread(
+                target=self._serve, args=(entry, peer), name=f"{self._name}-conn", daemon=True
+            ).start()
+        except BaseException:
+            self._forget(entry)
+            raise
+
+    def _sweep(self) -> None:
+        """Cut the connections whose handshake deadline has passed."""
+        now = time.monotonic()
+        with self._lock:
+            late = [p for p in self._pending if p.deadline <= now]
+        for p in late:
+            p.cut()
+
+    def _forget(self, entry: _Pending) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._pending.remove(entry)
+
+    # ------------------------------------------------------------------ handshake
+    def _handshake(self, entry: _Pending) -> socket.socket | None:
+        """TLS (on TCP, when configured) then the token; the socket to serve, or None if refused.
+
+        Every read and write is bounded by what is left of the deadline; the accept
+        loop cuts the connection when the deadline passes during a read.
+        """
+        conn = entry.sock
+        conn.settimeout(max(entry.deadline - time.monotonic(), 0.001))
+        if self._ssl is not None and conn.family != getattr(socket, "AF_UNIX", None):
+            conn = self._ssl.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            entry.sock = conn  # the wrapped socket took over the descriptor
+            conn.do_handshake()
         server_nonce = secrets.token_bytes(NONCE_BYTES)
         conn.sendall(server_nonce)
+        conn.settimeout(max(entry.deadline - time.monotonic(), 0.001))
         answer = recv_exact(conn, DIGEST_BYTES + NONCE_BYTES)
         proof, client_nonce = bytes(answer[:DIGEST_BYTES]), bytes(answer[DIGEST_BYTES:])
         if not hmac.compare_digest(proof, digest(self._token, b"client", server_nonce)):
-            return False
+            return None
         conn.sendall(digest(self._token, b"server", client_nonce))
         conn.settimeout(None)
-        return True
+        return conn
 
-    def _serve(self, conn: socket.socket, peer: Any) -> None:
-        with self._lock:
-            self._conns.add(conn)
+    def _refuse(self, peer: Any, why: str) -> None:
+        self.refused += 1
+        self._log(
+            "refused", logging.WARNING, "daskvec channel %s refused a peer %s: %s", self._name, peer, why
+        )
+
+    # ------------------------------------------------------------------ serving
+    def _serve(self, entry: _Pending, peer: Any) -> None:
+        conn = entry.sock
         try:
             try:
-                ok = self._authenticate(conn)
-            except (OSError, ChannelError):
-                ok = False
-            if not ok:
-                self.refused += 1
-                logger.warning("daskvec channel %s refused an unauthenticated peer %s", self._name, peer)
+                served = self._handshake(entry)
+            except ssl.SSLError as e:
+                self._refuse(peer, f"TLS handshake failed ({e.reason or e})")
                 return
+            except (OSError, ChannelError) as e:
+                late = time.monotonic() >= entry.deadline
+                self._refuse(peer, "no handshake in time" if late else f"handshake broke off ({e})")
+                return
+            finally:
+                self._forget(entry)
+                conn = entry.sock
+            if served is None:
+                self._refuse(peer, "wrong token")
+                return
+            with self._lock:
+                self._conns.add(conn)
             if conn.family != getattr(socket, "AF_UNIX", None):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # no polling before the first request that came within the budget of a reply
-            budget, misses, replied = self._busy_poll, _POLL_MISSES, -float("inf")
-            me = id(conn)
-            only_me = {me}
-            while not self._closed.is_set():
-                if misses < _POLL_MISSES and _HOT.issubset(only_me):  # no other hot connection here
-                    self.polls += 1
-                    if _poll_readable(conn, budget):
-                        self.poll_hits += 1
-                try:
-                    frames = recv_frames(conn)
-                except (OSError, ChannelError):
-                    return
-                if budget:
-                    quick = time.perf_counter() - replied <= budget
-                    misses = 0 if quick else misses + 1
-                    (_HOT.add if quick else _HOT.discard)(me)
-                try:
-                    reply = self._handler(decode(frames))
-                except ChannelError as e:  # a malformed message, or a handler that is gone
-                    logger.warning("daskvec channel %s dropped a connection: %s", self._name, e)
-                    return
-                try:
-                    send_frames(conn, encode(reply))
-                except OSError:
-                    return
-                replied = time.perf_counter()
+            self._serve_requests(conn, peer)
+        except Exception as e:  # never a dead thread with a traceback: one line, the connection ends
+            why = "".join(traceback.format_exception_only(type(e), e)).strip()
+            logger.error("daskvec channel %s dropped a connection from %s: %s", self._name, peer, why)
         finally:
             _HOT.discard(id(conn))
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _serve_requests(self, conn: socket.socket, peer: Any) -> None:
+        # no polling before the first request that came within the budget of a reply
+        budget, misses, replied = self._busy_poll, _POLL_MISSES, -float("inf")
+        me = id(conn)
+        only_me = {me}
+        while not self._closed.is_set():
+            if misses < _POLL_MISSES and _HOT.issubset(only_me):  # no other hot connection here
+                self.polls += 1
+                if _poll_readable(conn, budget):
+                    self.poll_hits += 1
+            try:
+                request = decode(recv_frames(conn))
+            except ProtocolError as e:
+                logger.warning("daskvec channel %s dropped a connection from %s: %s", self._name, peer, e)
+                return
+            except (OSError, ChannelError):  # the peer left
+                return
+            if budget:
+                quick = time.perf_counter() - replied <= budget
+                misses = 0 if quick else misses + 1
+                (_HOT.add if quick else _HOT.discard)(me)
+            try:
+                reply = self._handler(request)
+            except ChannelError as e:  # a handler that is gone
+                logger.warning("daskvec channel %s dropped a connection: %s", self._name, e)
+                return
+            try:
+                send_frames(conn, self._encode(reply))
+            except OSError:
+                return
+            replied = time.perf_counter()
+
+    def _encode(self, reply: Any) -> list[bytes | memoryview]:
+        """``encode(reply)``, or a :class:`RemoteError` saying why it cannot be sent."""
+        try:
+            return encode(reply)
+        except Exception as e:
+            return encode(
+                RemoteError(
+                    type=f"{type(e).__module__}.{type(e).__qualname__}",
+                    message=f"the reply ({type(reply).__name__}) cannot be sent to the client: {e}",
+                    traceback=traceback.format_exc(),
+                    env_index=None,
+                    worker=self._name,
+                )
+            )
 
     def close(self) -> None:
         """Stop listening and drop every connection (idempotent)."""
@@ -257,6 +441,9 @@ class ChannelServer:
             shutil.rmtree(self._unix_dir, ignore_errors=True)
         with self._lock:
             conns = list(self._conns)
+            pending = list(self._pending)
         for c in conns:
             with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
+                socket.socket.shutdown(c, socket.SHUT_RDWR)
+        for p in pending:
+            p.cut()

@@ -15,7 +15,7 @@ Stable-Baselines3 or torch.
 from __future__ import annotations
 
 from daskvec.protocol import INFO_KEY, restart_seed
-from daskvec.worker.group import WORKER_DIRECTORY, EnvGroup, obs_shape, stack_obs
+from daskvec.worker.group import WORKER_DIRECTORY, EnvGroup, factory_name, obs_shape, stack_obs
 from daskvec.worker.host import EnvHost, host_main, kill_env_process
 from daskvec.worker.probes import profiler_hazard, worker_deadline
 
@@ -24,6 +24,7 @@ __all__ = [
     "WORKER_DIRECTORY",
     "EnvGroup",
     "EnvHost",
+    "factory_name",
     "host_main",
     "kill_env_process",
     "obs_shape",

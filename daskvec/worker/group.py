@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from daskvec import config, metrics
-from daskvec.errors import EnvRestartBudgetExceeded
+from daskvec.errors import EnvBuildTimeoutError, EnvRestartBudgetExceeded
 from daskvec.protocol import MASK_METHOD, Autoreset, Command, RemoteError, ResetReply, StepReply, restart_seed
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.worker import probes
@@ -38,7 +38,7 @@ from daskvec.worker.reaper import queue_release, start_reaper
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WORKER_DIRECTORY", "EnvGroup", "obs_shape", "stack_obs"]
+__all__ = ["WORKER_DIRECTORY", "EnvGroup", "factory_name", "obs_shape", "stack_obs"]
 
 
 def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
@@ -106,6 +106,12 @@ def _is_wrapped(env: gym.Env[Any, Any], wrapper_class: type) -> bool:
             return True
         current = current.env
     return False
+
+
+def factory_name(fn: Any) -> str:
+    """A readable name for an env factory (``functools.partial`` shows the function's)."""
+    inner = getattr(fn, "func", fn)
+    return str(getattr(inner, "__qualname__", None) or type(inner).__name__)
 
 
 class _EnvFailure(Exception):
@@ -186,6 +192,16 @@ class EnvGroup:
     autoreset : Autoreset or str, optional
         When an env whose episode ended is reset (:class:`daskvec.protocol.Autoreset`);
         by default at once, in the same step (Stable-Baselines3's semantics).
+    tls : bool or distributed.security.Security, optional
+        Make the direct channel's TCP socket TLS (mutual, with the worker's
+        certificates, or those of the ``Security`` given). Then there is no Unix
+        socket unless ``unix_dir`` names a directory (an env process's link to its
+        actor, private to this user).
+    build_timeout : float, optional
+        Seconds the factories may take in all. They then run on a thread of their own
+        that is abandoned when they take longer (the worker's task thread is freed and
+        :class:`~daskvec.errors.EnvBuildTimeoutError` names the env whose factory hung).
+        ``None``: build on the calling thread, without a limit.
     """
 
     def __init__(
@@ -205,6 +221,8 @@ class EnvGroup:
         busy_poll: float | None = 0.0,
         send_masks: bool = True,
         autoreset: str = Autoreset.SAME_STEP,
+        tls: Any = False,
+        build_timeout: float | None = None,
     ) -> None:
         self._worker = probes.current_worker()
         self.autoreset = Autoreset(autoreset)
@@ -222,7 +240,10 @@ class EnvGroup:
         self._lock = threading.Lock()
         self._closed = False
         self._factories: list[Callable[[], gym.Env[Any, Any]]] = cloudpickle.loads(factories)
-        self.envs = self._build_all()
+        ssl_context = None
+        if token is not None and tls:  # before the build: a missing certificate fails fast
+            ssl_context = probes.listen_ssl_context(self._worker, None if tls is True else tls)
+        self.envs = self._build_all() if build_timeout is None else self._build_in_thread(build_timeout)
         self._send_masks = bool(send_masks)
         self._masks_on = self._detect_masks()
         n = len(self.envs)
@@ -234,14 +255,17 @@ class EnvGroup:
         self.deadline = probes.worker_deadline(self._worker)
         self._server: ChannelServer | None = None
         if token is not None:
+            if isinstance(unix_dir, _WorkerDirectory):
+                unix_dir = None if tls else probes.unix_dir(self._worker)
             # the server's threads must not keep the group alive: see the finalizer below
             self._server = ChannelServer(
                 listen_host or probes.listen_host(self._worker),
                 token,
                 _weak_dispatch(weakref.ref(self)),
                 name="daskvec-group",
-                unix_dir=probes.unix_dir(self._worker) if isinstance(unix_dir, _WorkerDirectory) else unix_dir,
+                unix_dir=unix_dir,
                 busy_poll=self.busy_poll or 0.0,
+                ssl_context=ssl_context,
             )
         # Closes the channel and the envs once: from shutdown(), or when the group is
         # garbage collected because Dask dropped the actor without a shutdown (its client
@@ -267,10 +291,42 @@ class EnvGroup:
         }
 
     # ---------------------------------------------------------------- lifecycle
-    def _build_all(self) -> list[gym.Env[Any, Any]]:
+    def _build_in_thread(self, timeout: float) -> list[gym.Env[Any, Any]]:
+        """:meth:`_build_all` on a thread of its own, abandoned after ``timeout`` seconds."""
+        progress = [0]
+        done: dict[str, Any] = {}
+        abandoned = threading.Event()
+
+        def build() -> None:
+            try:
+                done["envs"] = self._build_all(progress)
+            except BaseException as e:
+                done["error"] = e
+            if abandoned.is_set() and "envs" in done:  # too late: nobody will use them
+                _close_envs(done["envs"], self.worker_address)
+
+        thread = threading.Thread(target=build, name="daskvec-build", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            abandoned.set()
+            pos = progress[0]
+            raise EnvBuildTimeoutError(
+                f"the factory of env {self.env_indices[pos]} ({factory_name(self._factories[pos])}) did not "
+                f"return within {timeout:g}s on worker {self.worker_address}; its thread was abandoned and "
+                "the worker is free. Check what the factory waits for, or pass a larger timeout=",
+                env_indices=[self.env_indices[pos]],
+            )
+        if "error" in done:
+            raise done["error"]
+        return list(done["envs"])
+
+    def _build_all(self, progress: list[int] | None = None) -> list[gym.Env[Any, Any]]:
         envs: list[gym.Env[Any, Any]] = []
         try:
             for pos, fn in enumerate(self._factories):
+                if progress is not None:
+                    progress[0] = pos
                 env = self._build(pos, fn)
                 for other_pos, other in enumerate(envs):
                     if other is env:
@@ -308,6 +364,7 @@ class EnvGroup:
             "observation_space": env.observation_space,
             "action_space": env.action_space,
             "address": None if self._server is None else self._server.address,
+            "tls": self._server is not None and self._server.tls,
             "unix_path": None if self._server is None else self._server.unix_path,
             "machine": machine_id(),
             "worker": self.worker_address,

@@ -29,6 +29,7 @@ import cloudpickle
 
 from daskvec import metrics
 from daskvec.config import worker_busy_poll
+from daskvec.errors import EnvBuildTimeoutError
 from daskvec.protocol import Command, RemoteError
 from daskvec.transport import ChannelError, DirectChannel, pack, unpack
 from daskvec.worker import probes
@@ -70,6 +71,9 @@ class EnvHost:
         ``TimeoutError`` is raised.
     busy_poll, rebuilds, base_seeds, send_masks, autoreset
         As for :class:`EnvGroup`.
+    tls : bool, optional
+        The env process's TCP channel is TLS, with this worker's certificates (its
+        Unix socket, this actor's own link, stays private to this user).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class EnvHost:
         base_seeds: list[int | None] | None = None,
         send_masks: bool = True,
         autoreset: str = "SameStep",
+        tls: bool = False,
     ) -> None:
         worker = probes.current_worker()
         self.worker_address = getattr(worker, "address", "local")
@@ -105,6 +110,8 @@ class EnvHost:
                 "base_seeds": base_seeds,
                 "send_masks": send_masks,
                 "autoreset": autoreset,
+                # the certificates travel to the env process in the pipe (contexts do not pickle)
+                "tls": getattr(worker, "security", None) if tls else False,
             },
             "sys_path": list(sys.path),
         }
@@ -114,8 +121,11 @@ class EnvHost:
         self._finalizer = weakref.finalize(self, _stop_env_process, self._proc, False)
         try:
             address = desc["unix_path"] or tuple(desc["address"])  # same machine: Unix if it has one
-            self._channel = DirectChannel(address, local_token, connect_timeout=10.0)
-            self._stats_channel = DirectChannel(address, local_token, connect_timeout=10.0)
+            link_tls = None
+            if tls and not desc["unix_path"]:  # only the TLS port: connect as the worker does to its peers
+                link_tls = worker.security.get_connection_args("worker")["ssl_context"]
+            self._channel = DirectChannel(address, local_token, connect_timeout=10.0, ssl_context=link_tls)
+            self._stats_channel = DirectChannel(address, local_token, connect_timeout=10.0, ssl_context=link_tls)
         except BaseException:
             self._finalizer()
             raise
@@ -220,7 +230,11 @@ def _start_env_process(
         os.close(read_fd)
     if reply is None:
         _stop_env_process(proc)
-        raise TimeoutError(f"the envs {env_indices} were not built within {timeout:.0f}s")
+        raise EnvBuildTimeoutError(
+            f"the envs {env_indices} were not built within {timeout:g}s (a factory hung); their env "
+            "process was killed. Check what the factory waits for, or pass a larger timeout=",
+            env_indices=list(env_indices),
+        )
     if reply == b"":
         code_ = proc.wait(timeout=10)
         raise RuntimeError(
@@ -294,7 +308,7 @@ def kill_env_process(pid: int) -> bool:
     except psutil.Error:
         return False
     os.kill(int(pid), signal.SIGKILL)
-    logger.warning("killed env process %d, which the client dropped (a step hung)", pid)
+    logger.warning("killed env process %d, which the client dropped (a step or a build hung)", pid)
     return True
 
 
@@ -314,22 +328,35 @@ def host_main() -> None:
     for entry in reversed(config.pop("sys_path")):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    group: EnvGroup | None = None
+    built: list[EnvGroup] = []
+    # the worker closes the pipe to stop this process, and it closes by itself when the
+    # worker dies: watched from now on, during the build too, so that no env process
+    # outlives its worker
+    watcher = threading.Thread(target=_exit_when_closed, args=(stdin, built), name="daskvec-parent", daemon=True)
+    watcher.start()
     try:
         group = EnvGroup(*config["group_args"], **config["group_kwargs"])
         reply: tuple[str, Any] = ("ok", group.describe())
+        built.append(group)
     except BaseException as e:  # sent to the actor, which raises it on the worker
         reply = ("err", _portable_exception(e))
     blob = cloudpickle.dumps(reply)
     with os.fdopen(out_fd, "wb") as out:
         out.write(struct.pack("!Q", len(blob)) + blob)
-    if group is None:
+    if not built:
         os._exit(1)
-    while stdin.read(1 << 16):
-        continue  # nothing more is sent: this returns when the worker closes the pipe or dies
-    closer = threading.Thread(target=group.shutdown, name="daskvec-env-close", daemon=True)
-    closer.start()
-    closer.join(_STOP_GRACE_S)
+    watcher.join()
+
+
+def _exit_when_closed(stdin: Any, built: list[EnvGroup]) -> None:
+    """Wait for stdin to close (worker gone, or asking us to stop), shut the group down, exit."""
+    with contextlib.suppress(OSError, ValueError):
+        while stdin.read1(1 << 16):
+            continue  # nothing more is sent
+    if built:
+        closer = threading.Thread(target=built[0].shutdown, name="daskvec-env-close", daemon=True)
+        closer.start()
+        closer.join(_STOP_GRACE_S)
     os._exit(0)
 
 

@@ -16,7 +16,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-__all__ = ["current_worker", "listen_host", "profiler_hazard", "unix_dir", "worker_deadline"]
+__all__ = ["current_worker", "listen_host", "listen_ssl_context", "profiler_hazard", "unix_dir", "worker_deadline"]
 
 
 def current_worker() -> Any:
@@ -104,3 +104,31 @@ def unix_dir(worker: Any) -> str:
 _STOP_GRACE_S = 5.0
 #: Seconds between two reads of the env process's step figures, for the worker's metrics.
 _STATS_INTERVAL_S = 1.0
+
+
+def listen_ssl_context(worker: Any, security: Any = None) -> Any:
+    """A server-side TLS context for a group's channel, from the worker's own certificates.
+
+    Parameters
+    ----------
+    worker : distributed.Worker or None
+        The worker whose ``security`` to use (``get_listen_args("worker")``, mutual TLS
+        as Dask's own comms).
+    security : distributed.security.Security, optional
+        Use this instead (an env process has no worker of its own).
+
+    Raises
+    ------
+    RuntimeError
+        When there is no certificate to listen with.
+    """
+    security = security if security is not None else getattr(worker, "security", None)
+    context = None if security is None else security.get_listen_args("worker").get("ssl_context")
+    if context is None:
+        where = getattr(worker, "address", "this process")
+        raise RuntimeError(
+            f"the client asked for an encrypted direct channel, but worker {where} has no TLS certificate "
+            "(start it with --tls-ca-file, --tls-cert and --tls-key, or set distributed.comm.tls in its "
+            "Dask config); or pass transport='actor'"
+        )
+    return context
