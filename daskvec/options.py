@@ -77,7 +77,7 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def _non_negative_seconds(name: str, value: Any) -> float:
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    if not _number(name, value) >= 0:
         raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
     return float(value)
 

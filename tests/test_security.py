@@ -100,7 +100,7 @@ def test_a_security_object_that_cannot_be_asked_counts_as_secured() -> None:
         ({"timeout": "5"}, TypeError, r"timeout must be a number of seconds .* pass timeout=5, not the string '5'"),
         ({"step_timeout": [1]}, TypeError, r"step_timeout must be a number of seconds \(int or float\), not list"),
         ({"migrate_before": "2m"}, TypeError, r"migrate_before must be a number of seconds"),
-        ({"worker_wait_timeout": None}, TypeError, r"worker_wait_timeout must be a number of seconds"),
+        ({"worker_wait_timeout": "soon"}, TypeError, r"worker_wait_timeout must be a number of seconds"),
         ({"rebalance_interval": True}, TypeError, r"rebalance_interval must be a number of seconds"),
         ({"timeout": -1}, ValueError, r"timeout must be a positive number of seconds"),
         ({"transport": "tls"}, ValueError, r"transport must be one of .*direct-insecure"),
