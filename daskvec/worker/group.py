@@ -30,10 +30,11 @@ import numpy as np
 
 from daskvec import metrics
 from daskvec.errors import EnvRestartBudgetExceeded
-from daskvec.protocol import Command, RemoteError, ResetReply, StepReply, restart_seed
+from daskvec.protocol import Command, RemoteError, ResetReply, RolloutReply, RolloutRequest, StepReply, restart_seed
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.worker import probes
 from daskvec.worker.reaper import queue_release, start_reaper
+from daskvec.worker.rollout import run_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ class EnvGroup:
             Command.RENDER: self._render,
             Command.STATS: self.stats.snapshot,
             Command.REFUSED: self.refused_connections,
+            Command.ROLLOUT: self.rollout,  # issue 13
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -364,6 +366,15 @@ class EnvGroup:
         return obs, dict(reset_info), marker
 
     # ---------------------------------------------------------------- step and reset
+    @property
+    def last_obs(self) -> Any:
+        """The envs' current observations, stacked (``None`` before the first reset)."""
+        return self._last_obs
+
+    def rollout(self, request: RolloutRequest) -> RolloutReply:
+        """Run the envs for a whole rollout with the shipped policy (see :mod:`daskvec.worker.rollout`)."""
+        return run_rollout(self, request)
+
     def step(self, actions: Any) -> StepReply:
         """Step every env with its action; reset those whose episode ended."""
         n = len(self.envs)
