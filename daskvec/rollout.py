@@ -28,10 +28,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
+from daskvec.cluster import dumps_by_value
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.pool import Group, StepOutcome
 from daskvec.protocol import Command, RolloutReply, RolloutRequest
@@ -80,7 +80,7 @@ class PolicyShipment:
         if self._policy is None or self._policy() is not policy:
             params = policy._get_constructor_parameters()
             try:
-                self.blob = cloudpickle.dumps((type(policy), params))
+                self.blob = dumps_by_value((type(policy), params))
             except Exception as e:
                 raise TypeError(
                     f"the policy {type(policy).__name__} cannot be pickled for the workers ({e}); "

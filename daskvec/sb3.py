@@ -196,6 +196,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
             if t == 0 and rollout.missing.size:
                 obs = np.array(obs, dtype=np.asarray(self._last_obs).dtype)
                 obs[rollout.missing] = np.asarray(self._last_obs)[rollout.missing]
+            obs_tensor = obs_as_tensor(obs, self.device)  # for callbacks reading locals, as in SB3's loop
             actions = rollout.actions[t].copy()
             values = th.as_tensor(rollout.values[t]).reshape(-1, 1)
             log_probs = th.as_tensor(rollout.log_probs[t])
