@@ -71,9 +71,7 @@ def _collection(model: Any, rollouts: int) -> float:
         def _on_step(self) -> bool:
             return True
 
-    callback = _Nothing()
-    model._setup_learn(10**9, callback)
-    callback.init_callback(model)
+    _, callback = model._setup_learn(10**9, _Nothing())
     model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     t0 = time.perf_counter()
     for _ in range(rollouts):
