@@ -172,17 +172,23 @@ def run_across_hosts(
         "settings": {"rtts_ms": list(rtts), "n_hosts": n_hosts, "n_envs": n_envs, "env": "CartPole-v1", **opts},
         "relay": measure_relay_cost(),
         "rows": [],
+        "complete": False,
     }
     import tempfile
 
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
         for k, rtt in enumerate(rtts):
-            logger.info("across hosts: %g ms round trip", rtt)
-            results["rows"].append(_measure_rtt(float(rtt), n_hosts, n_envs, opts, Path(tmp) / f"rtt{k}"))
+            row = _measure_rtt(float(rtt), n_hosts, n_envs, opts, Path(tmp) / f"rtt{k}")
+            logger.warning("across hosts, %g ms: %s", rtt, {k: v for k, v in row.items() if k != "rtt_ms"})
+            results["rows"].append(row)
+            if out_dir is not None:  # a long run that is interrupted still leaves what it measured
+                _write(results, Path(out_dir), stamp)
     _ratios(results)
     results["duration_s"] = time.perf_counter() - started
+    results["complete"] = True
     if out_dir is not None:
-        results["files"] = _write(results, Path(out_dir))
+        results["files"] = _write(results, Path(out_dir), stamp)
     return results
 
 
@@ -203,9 +209,8 @@ def _ratios(results: dict[str, Any]) -> None:
     results["goals"] = goals
 
 
-def _write(results: dict[str, Any], out: Path) -> dict[str, str]:
+def _write(results: dict[str, Any], out: Path, stamp: str) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = out / f"across-{stamp}.json"
     text = json.dumps(results, indent=2, default=float)
     path.write_text(text)
