@@ -26,6 +26,7 @@ import datetime as _dt
 import functools
 import json
 import logging
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -97,6 +98,9 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
 
     out: dict[str, Any] = {"rtt_ms": rtt}
     workdir.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(1)  # the learner's share of a small machine, as the workers' policies
     with (
         emulated_hosts(n_hosts, rtt, workdir=workdir) as hosts,
         hosts.client() as client,
@@ -104,11 +108,18 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
     ):
         n_steps, seed, rollouts = opts["n_steps"], opts["seed"], opts["rollouts"]
         out["transport"] = env.transport_summary()
-        out["sync_steps_per_s"] = _sync_stepping(env, opts["seconds"], seed)
-        out["sync_collect_steps_per_s"] = _collection(PPO("MlpPolicy", env, **_ppo_kwargs(n_steps, seed)), rollouts)
-        out["rollout_steps_per_s"] = _collection(DaskPPO("MlpPolicy", env, **_ppo_kwargs(n_steps, seed)), rollouts)
-        out["ppo_wall_s"] = _learn_wall(PPO, env, opts["timesteps"], n_steps, seed)
-        out["daskppo_wall_s"] = _learn_wall(DaskPPO, env, opts["timesteps"], n_steps, seed)
+        # A and B alternated, medians reported: the machine's speed drifts between windows
+        samples: dict[str, list[float]] = {k: [] for k in ("sync", "ppo_loop", "rollouts", "ppo", "daskppo")}
+        for _ in range(opts["repeat"]):
+            samples["sync"].append(_sync_stepping(env, opts["seconds"], seed))
+            samples["ppo_loop"].append(_collection(PPO("MlpPolicy", env, **_ppo_kwargs(n_steps, seed)), rollouts))
+            samples["rollouts"].append(_collection(DaskPPO("MlpPolicy", env, **_ppo_kwargs(n_steps, seed)), rollouts))
+            samples["ppo"].append(_learn_wall(PPO, env, opts["timesteps"], n_steps, seed))
+            samples["daskppo"].append(_learn_wall(DaskPPO, env, opts["timesteps"], n_steps, seed))
+        out["samples"] = samples
+        for key, name in (("sync", "sync_steps_per_s"), ("ppo_loop", "sync_collect_steps_per_s"),
+                          ("rollouts", "rollout_steps_per_s"), ("ppo", "ppo_wall_s"), ("daskppo", "daskppo_wall_s")):
+            out[name] = float(statistics.median(samples[key]))  # fmt: skip
         out["restarts"] = int(env.restart_counts.sum())
     return out
 
@@ -122,6 +133,7 @@ def run_across_hosts(
     n_steps: int = 128,
     rollouts: int = 5,
     timesteps: int = 64 * 128 * 4,
+    repeat: int = 2,
     seed: int = 0,
     out_dir: str | Path | None = None,
 ) -> dict[str, Any]:
@@ -141,6 +153,8 @@ def run_across_hosts(
         Timed rollouts per collection figure (after one warm-up rollout).
     timesteps : int
         ``learn()`` timesteps of the wall-time comparison.
+    repeat : int
+        Rounds of every measurement (alternated); medians are reported.
     seed : int
         Seeds envs, actions and models.
     out_dir : path, optional
@@ -164,7 +178,8 @@ def run_across_hosts(
         raise RuntimeError(f"the across-hosts benchmark cannot run here: {reason}")
     if not rtts or any(r < 0 for r in rtts):
         raise ValueError(f"rtts must be non-negative round trips in ms, not {list(rtts)!r}")
-    opts = {"seconds": seconds, "n_steps": n_steps, "rollouts": rollouts, "timesteps": timesteps, "seed": seed}
+    opts = {"seconds": seconds, "n_steps": n_steps, "rollouts": rollouts, "timesteps": timesteps, "seed": seed,
+            "repeat": repeat}  # fmt: skip
     started = time.perf_counter()
     results: dict[str, Any] = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),

@@ -52,7 +52,8 @@ def _run_own(args: argparse.Namespace) -> int:
 
         try:
             res = run_across_hosts(args.rtt, n_hosts=args.hosts, n_envs=(args.envs or [64])[0], seconds=args.seconds,
-                                   n_steps=args.rollout_steps, seed=args.seed, out_dir=args.out)  # fmt: skip
+                                   n_steps=args.rollout_steps, repeat=max(args.repeat, 2), seed=args.seed,
+                                   out_dir=args.out)  # fmt: skip
         except RuntimeError as e:
             print(f"daskvec bench: {e}", file=sys.stderr)
             return 2
