@@ -22,13 +22,16 @@ are what the issue's goals read (collection at 2 ms >= 90 % of 0 ms, at 10 ms >=
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
 import logging
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +195,7 @@ def run_across_hosts(
     import tempfile
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    with tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
+    with _terminate_as_exit(), tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
         for k, rtt in enumerate(rtts):
             row = _measure_rtt(float(rtt), n_hosts, n_envs, opts, Path(tmp) / f"rtt{k}")
             logger.warning("across hosts, %g ms: %s", rtt, {k: v for k, v in row.items() if k != "rtt_ms"})
@@ -205,6 +208,23 @@ def run_across_hosts(
     if out_dir is not None:
         results["files"] = _write(results, Path(out_dir), stamp)
     return results
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit`` meanwhile, so that the hosts' namespaces and processes are removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _ratios(results: dict[str, Any]) -> None:
