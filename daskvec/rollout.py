@@ -114,6 +114,7 @@ class Rollout:
     Attributes
     ----------
     n_steps, n_envs : int
+        Vec-steps collected, and envs.
     obs : numpy.ndarray
         ``(n_steps + 1, n_envs, ...)``: raw observations before each step, then the last
         (before any move at the end of the rollout).
@@ -126,6 +127,9 @@ class Rollout:
     missing : numpy.ndarray
         Env indices whose first step was lost with their worker: their actions, values
         and log-probabilities at step 0 are for the learner to fill (:meth:`fill_first`).
+    terminal_values : dict of (int, int) to float
+        By ``(step, env index)``: the worker's value of the last observation of each
+        episode truncated there (see :meth:`terminal_value`).
     rebuilds, moved : list of Rebuild
         Groups rebuilt after a loss (reported at step 0) and moved at the end
         (reported at the last step), as on the synchronous path.
