@@ -231,6 +231,9 @@ class RolloutRequest:
         Frozen observation statistics of a ``VecNormalize`` on top of the vec env
         (``mean``, ``var``, ``epsilon``, ``clip``), or ``None``: the policy sees the
         raw observations.
+    seed : int or None
+        Seeds the worker's torch random stream for this rollout (with the group's first
+        env index, so that groups sample independently); ``None`` leaves it alone.
     """
 
     version: int
@@ -238,6 +241,7 @@ class RolloutRequest:
     state: dict[str, np.ndarray]
     n_steps: int
     obs_norm: dict[str, Any] | None = None
+    seed: int | None = None
 
 
 @dataclass(slots=True, eq=False)

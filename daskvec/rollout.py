@@ -67,6 +67,8 @@ class PolicyShipment:
         cloudpickled ``(policy class, constructor arguments)``.
     state : dict of str to numpy.ndarray
         The weights at the last :meth:`update`.
+    seed : int or None
+        The rollout's sampling seed given to the last :meth:`update`.
     """
 
     def __init__(self) -> None:
@@ -74,9 +76,15 @@ class PolicyShipment:
         self.version = -1
         self.blob = b""
         self.state: dict[str, np.ndarray] = {}
+        self.seed: int | None = None
 
-    def update(self, policy: Any) -> PolicyShipment:
-        """Take ``policy``'s current weights (and, for a new policy object, its class and arguments)."""
+    def update(self, policy: Any, seed: int | None = None) -> PolicyShipment:
+        """Take ``policy``'s current weights (and, for a new policy object, its class and arguments).
+
+        ``seed`` seeds the workers' action sampling for the next rollout (each group
+        derives its own stream from it).
+        """
+        self.seed = seed
         if self._policy is None or self._policy() is not policy:
             params = policy._get_constructor_parameters()
             try:
@@ -95,7 +103,7 @@ class PolicyShipment:
         """The request every group gets for a rollout of ``n_steps``."""
         if self.version < 0:
             raise RuntimeError("PolicyShipment.update(policy) must be called before request()")
-        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm)
+        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed)
 
 
 @dataclass(eq=False)

@@ -185,7 +185,9 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         if self._daskvec_shipment is None:
             self._daskvec_shipment = PolicyShipment()
         frozen = _Frozen(plan.normalize)
-        shipment = self._daskvec_shipment.update(self.policy)
+        # the workers' sampling seed, drawn from the learner's torch stream (seeded by ``seed=``)
+        seed = int(th.randint(0, 2**31 - 1, (1,)).item())
+        shipment = self._daskvec_shipment.update(self.policy, seed)
         rollout = plan.venv.collect_rollout(shipment, n_rollout_steps, frozen.obs)
         self._fill_missing(rollout)
         replay = _Replay(plan)

@@ -155,6 +155,10 @@ def run_rollout(group: EnvGroup, request: RolloutRequest) -> RolloutReply:
     from stable_baselines3.common.utils import obs_as_tensor
 
     policy = _policy(group, request)
+    if request.seed is not None:
+        # a seeded learner gets the same samples run after run; groups sharing a worker
+        # each get a stream of their own
+        th.manual_seed(int(np.random.SeedSequence([request.seed, group.env_indices[0]]).generate_state(1)[0]))
     space = group.envs[0].action_space
     frag = _Fragment(group.last_obs)
     norm = request.obs_norm
