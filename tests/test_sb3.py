@@ -168,6 +168,19 @@ def test_buffer_and_callbacks_as_sb3_loop(dask_cls: Any, sb3_cls: Any, client2: 
     assert len(got.ep_info_buffer) > 0
 
 
+def test_seeded_daskppo_samples_the_same_actions(client2: Any) -> None:
+    """The workers' sampling is seeded from the learner: the same seed gives the same rollouts."""
+    runs = []
+    for _ in range(2):
+        with DaskVecEnv([short_cartpole] * N_ENVS, client2) as env:
+            model = DaskPPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=3, device="cpu")
+            model.learn(16 * N_ENVS * 2)
+            runs.append(model.rollout_buffer)
+    assert 0 < runs[0].actions.mean() < 1  # sampled, not pinned
+    np.testing.assert_array_equal(runs[0].actions, runs[1].actions)
+    np.testing.assert_array_equal(runs[0].observations, runs[1].observations)
+
+
 def test_on_step_false_stops_training(client2: Any) -> None:
     want_cb, got_cb = Recorder(stop_at=3), Recorder(stop_at=3)
     want = train(PPO, DummyVecEnv([short_cartpole] * N_ENVS), 4, want_cb)
