@@ -112,7 +112,12 @@ def run_learning_check(
 
     started = time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {"ppo": [], "daskppo": []}
-    cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+    from dask import config as dask_config
+
+    cluster = None
+    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec.pool)
+        with dask_config.set({"distributed.worker.profile.enabled": False}):
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", silence_logs=40)
     try:
         with Client(scheduler or cluster, direct_to_workers=True, set_as_default=False) as client:
             for seed in seeds:
