@@ -163,7 +163,9 @@ class GroupPool:
         self.transport = options.transport
         self.groups: list[Group] = []
         self._profiler_warned: set[str] = set()
-        # the step in flight: replies (or exceptions) read so far, by group id
+        # the request in flight (a step, a rollout): the groups it went to, and the
+        # replies (or exceptions) read so far, by group id
+        self._pending: list[Group] = []
         self._arrived: dict[str, Any] | None = None
         # partial batches (issue 16): groups stepping on their own, by group id: when
         # their step was sent, and their reply once it is read
@@ -407,8 +409,9 @@ class GroupPool:
         arrived = dict(self._arrived or {})
         if self._arrived is not None or self._inflight:
             arrived.update({gid: reply for gid, (_, reply) in self._inflight.items() if reply is not _WAITING})
-            full = self._arrived is not None
-            live = [g for g in self.groups if (full and g.gid not in arrived) or self._waiting(g)]
+            # groups sent a request by send() (all of them for a step) or a step by send_groups()
+            sent = {g.gid for g in self._pending} if self._arrived is not None else set()
+            live = [g for g in self.groups if (g.gid in sent and g.gid not in arrived) or self._waiting(g)]
             replies = recv_many([g.channel for g in live], min(self.options.step_timeout, 30.0))
             # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
             stuck = [g for g, r in zip(live, replies, strict=True) if isinstance(r, BaseException)]
@@ -436,38 +439,56 @@ class GroupPool:
     # ------------------------------------------------------------------ steps
     @property
     def stepping(self) -> bool:
-        """Whether a step was sent and not yet collected."""
+        """Whether a step (or another request sent by :meth:`send`) was sent and not yet collected."""
         return self._arrived is not None
 
     def send_step(self, actions: Any) -> None:
         """Send each group its actions (rows of ``actions``); do not wait."""
         arr = actions if isinstance(actions, np.ndarray) else None
+
+        def request(g: Group) -> tuple[Command, tuple[Any, ...]]:
+            return Command.STEP, (arr[g.index] if arr is not None else [actions[i] for i in g.env_indices],)
+
+        self.send(request)
+
+    def send(
+        self, request: Callable[[Group], tuple[Command, tuple[Any, ...]]], groups: Sequence[Group] | None = None
+    ) -> None:
+        """Send ``request(group)`` to each of ``groups`` (default: all); do not wait.
+
+        The replies are then read by :meth:`collect` (a step, a rollout: any command
+        whose replies are collected as one outcome).
+        """
+        self._pending = list(self.groups if groups is None else groups)
         self._arrived = {}
-        for g in self.groups:
-            group_actions = arr[g.index] if arr is not None else [actions[i] for i in g.env_indices]
+        for g in self._pending:
             try:
-                g.channel.send((Command.STEP, (group_actions,)))
+                g.channel.send(request(g))
             except ChannelError as e:
                 self._arrived[g.gid] = e
 
     def collect_step(self, timeout: float, take: Callable[[Group, StepReply], None]) -> StepOutcome:
-        """Wait for the step's replies; call ``take(group, reply)`` on each as soon as it is read.
+        """:meth:`collect` for a step sent by :meth:`send_step`."""
+        return self.collect(timeout, take, StepReply)
 
-        While later groups may still be stepping, the earlier replies are taken in. If
-        ``take`` raises (say, observations that do not fit), the other replies are read
-        all the same, so that the channels stay in step, and the error is raised. If
-        the wait itself is interrupted (Ctrl-C), the step stays pending: the next call
-        reads only the replies still missing.
+    def collect(self, timeout: float, take: Callable[[Group, Any], None], kind: type = StepReply) -> StepOutcome:
+        """Wait for the replies of what :meth:`send` sent; call ``take(group, reply)`` on each as soon as it is read.
+
+        While later groups may still be working, the earlier replies of type ``kind``
+        are taken in. If ``take`` raises (say, observations that do not fit), the other
+        replies are read all the same, so that the channels stay in step, and the
+        error is raised. If the wait itself is interrupted (Ctrl-C), the request stays
+        pending: the next call reads only the replies still missing.
         """
         if self._arrived is None:
-            raise RuntimeError("daskvec internal error: collect_step() without send_step()")
-        arrived = self._arrived
-        waiting = [g for g in self.groups if g.gid not in arrived]
+            raise RuntimeError("daskvec internal error: collect() without send()")
+        arrived, pending = self._arrived, self._pending
+        waiting = [g for g in pending if g.gid not in arrived]
         replies = iter_replies([g.channel for g in waiting], timeout)
         try:
             for g in waiting:
                 arrived[g.gid] = reply = next(replies)
-                if isinstance(reply, StepReply):
+                if isinstance(reply, kind):
                     take(g, reply)
         except BaseException:
             if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain
@@ -477,16 +498,16 @@ class GroupPool:
             raise
         self._arrived = None
         outcome = StepOutcome()
-        for g in self.groups:
+        for g in pending:
             reply = arrived[g.gid]
-            if isinstance(reply, StepReply):
-                outcome.env_seconds = max(outcome.env_seconds, reply.env_seconds)
+            if isinstance(reply, kind):
+                outcome.env_seconds = max(outcome.env_seconds, getattr(reply, "env_seconds", 0.0))
             elif isinstance(reply, RemoteError):
                 outcome.errors.append((g, reply))
             elif isinstance(reply, BaseException):
                 outcome.lost[g] = reply
             else:
-                raise RuntimeError(f"daskvec internal error: unexpected step reply {type(reply).__name__}")
+                raise RuntimeError(f"daskvec internal error: unexpected reply {type(reply).__name__}")
         return outcome
 
     # ------------------------------------------------------------------ partial batches (issue 16)

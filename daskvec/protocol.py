@@ -32,6 +32,8 @@ __all__ = [
     "Command",
     "RemoteError",
     "ResetReply",
+    "RolloutReply",
+    "RolloutRequest",
     "StepReply",
     "restart_seed",
     "unwrap",
@@ -67,6 +69,8 @@ class Command(enum.StrEnum):
     # issue 16 (the Gymnasium face):
     CALL = "call"  # (name, args, kwargs, positions) -> list: the method's results, or the attribute's values
     SET_WRAPPER_ATTR = "set_wrapper_attr"  # (name, values, positions) -> None: one value per position
+    # issue 13: worker-side rollouts
+    ROLLOUT = "rollout"  # (RolloutRequest,) -> RolloutReply
 
 
 class Autoreset(enum.StrEnum):
@@ -239,6 +243,111 @@ class RemoteError:
     def raise_(self) -> NoReturn:
         """Raise :meth:`exception`."""
         raise self.exception()
+
+
+@dataclass(slots=True, eq=False)
+class RolloutRequest:
+    """Ask a group to run its envs for ``n_steps`` with a copy of the learner's policy.
+
+    Built by :class:`daskvec.rollout.PolicyShipment`; answered by
+    :func:`daskvec.worker.rollout.run_rollout`.
+
+    Attributes
+    ----------
+    version : int
+        The policy's version: the worker rebuilds its copy only when it changes.
+    policy : bytes
+        cloudpickled ``(policy class, constructor keyword arguments)``, pickled once
+        per version on the client.
+    state : dict of str to numpy.ndarray
+        The policy's ``state_dict`` as arrays, sent with every rollout.
+    n_steps : int
+        Vec-steps to run.
+    obs_norm : dict or None
+        Frozen observation statistics of a ``VecNormalize`` on top of the vec env
+        (``mean``, ``var``, ``epsilon``, ``clip``), or ``None``: the policy sees the
+        raw observations.
+    seed : int or None
+        Seeds the worker's torch random stream for this rollout (with the group's first
+        env index, so that groups sample independently); ``None`` leaves it alone.
+    """
+
+    version: int
+    policy: bytes
+    state: dict[str, np.ndarray]
+    n_steps: int
+    obs_norm: dict[str, Any] | None = None
+    seed: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class RolloutReply:
+    """A group's rollout fragment: ``n_steps`` steps of its envs, as columns.
+
+    Arrays have the step first and the group's envs second. Episode ends, resets and
+    infos are those of ``n_steps`` :class:`StepReply` objects, kept sparse by
+    step, then by position; :meth:`step` gives them back one step at a time, so that the
+    client builds SB3's info dicts exactly as for a synchronous step.
+
+    Attributes
+    ----------
+    obs : array or dict of arrays
+        ``(n_steps + 1, n)``: the raw observation before each step, then the last one.
+    actions : numpy.ndarray
+        ``(n_steps, n, ...)``: the policy's actions, before clipping to a Box space.
+    values, log_probs : numpy.ndarray
+        ``(n_steps, n)``, ``float32``: the policy's outputs for ``obs[t]``.
+    rewards : numpy.ndarray
+        ``(n_steps, n)``, ``float64``, as the envs returned them.
+    terminated, truncated : numpy.ndarray
+        ``(n_steps, n)``, ``bool``.
+    final_obs, infos, reset_infos, restarted : dict of int to dict of int to object
+        By step, then by position, as in :class:`StepReply`; steps with none are absent.
+    terminal_values : dict of int to dict of int to float
+        By step and position: ``V(final observation)`` of every episode truncated (not
+        terminated), by the same policy, for the learner's bootstrap.
+    env_seconds, policy_seconds : float
+        Wall time in the envs and in the policy.
+    """
+
+    obs: Any
+    actions: np.ndarray
+    values: np.ndarray
+    log_probs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict[int, dict[int, Any]] = field(default_factory=dict)
+    infos: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    reset_infos: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    restarted: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    terminal_values: dict[int, dict[int, float]] = field(default_factory=dict)
+    env_seconds: float = 0.0
+    policy_seconds: float = 0.0
+
+    @property
+    def n_steps(self) -> int:
+        """Steps in the fragment."""
+        return len(self.rewards)
+
+    @property
+    def dones(self) -> np.ndarray:
+        """``terminated | truncated``, ``(n_steps, n)``."""
+        return self.terminated | self.truncated
+
+    def step(self, t: int) -> StepReply:
+        """Step ``t`` of the fragment as the :class:`StepReply` a synchronous step would have given."""
+        obs = {k: v[t + 1] for k, v in self.obs.items()} if isinstance(self.obs, dict) else self.obs[t + 1]
+        return StepReply(
+            obs,
+            self.rewards[t],
+            self.terminated[t],
+            self.truncated[t],
+            final_obs=self.final_obs.get(t, {}),
+            infos=self.infos.get(t, {}),
+            reset_infos=self.reset_infos.get(t, {}),
+            restarted=self.restarted.get(t, {}),
+        )
 
 
 def unwrap(reply: Any) -> Any:

@@ -22,7 +22,8 @@ import enum
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -44,6 +45,9 @@ from daskvec.options import Options, ignore_subproc_keywords
 from daskvec.pool import Group, GroupPool, StepOutcome
 from daskvec.protocol import MASK_METHOD, Command, ResetReply
 from daskvec.recovery import Rebuild
+
+if TYPE_CHECKING:
+    from daskvec.rollout import PolicyShipment, Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -316,6 +320,50 @@ class DaskVecEnv(VecEnv):
 
     def _on_lost_deferred(self, lost: dict[Group, BaseException], waited: float) -> None:
         self._rebuilt("deferred", self._recovery.handle_lost, lost, waited)
+    def collect_rollout(
+        self, shipment: PolicyShipment, n_steps: int, obs_norm: dict[str, Any] | None = None
+    ) -> Rollout:
+        """Run every env for ``n_steps`` on its worker with the shipped policy (issue 13).
+
+        Each group runs its envs with a CPU copy of the policy and returns its fragment
+        in one reply; a group whose worker is lost is rebuilt elsewhere and its envs
+        report a truncation at the first step, the rest of the rollout recollected from
+        the rebuilt envs. The rollout is then replayed step by step with
+        :meth:`Rollout.feed <daskvec.rollout.Rollout.feed>`, which updates this vec env
+        as ``step_wait`` would. :class:`daskvec.sb3.DaskPPO` does all of this; see
+        docs/rollouts.md.
+
+        Parameters
+        ----------
+        shipment : PolicyShipment
+            The policy, updated with the learner's current weights.
+        n_steps : int
+            Vec-steps to collect.
+        obs_norm : dict, optional
+            Frozen ``VecNormalize`` observation statistics (``mean``, ``var``,
+            ``epsilon``, ``clip``) that the policy's inputs are normalised with.
+
+        Returns
+        -------
+        Rollout
+            Waiting at most ``step_timeout * n_steps`` for the fragments.
+        """
+        from daskvec.rollout import collect_rollout
+
+        self._enter(State.IDLE)
+        if not self._buffers.has_obs:
+            raise DaskVecEnvError("reset() the vec env before collecting a rollout")
+        if int(n_steps) < 1:
+            raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
+        pool = self._pool_or_raise()
+        try:
+            rollout = collect_rollout(self, shipment, int(n_steps), obs_norm, self.options.step_timeout * n_steps)
+        except BaseException as e:
+            if pool.stepping:  # interrupted while fragments were on their way: they cannot be matched up
+                self._break(e)
+            raise
+        self._engine.maybe_publish()
+        return rollout
 
     def _take_step(self, group: Group, reply: Any) -> None:
         self._buffers.take_step(group, reply)

@@ -235,3 +235,34 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
     assert math.isclose(dash["ratio_open_to_closed"], dash["open_steps_per_s"] / dash["closed_steps_per_s"])
     assert json.loads(Path(results["files"]["json"]).read_text())["dashboard"]["route"] == "/daskvec"
     assert "dashboard (chromium, /daskvec)" in bench.format_table(results)
+
+
+# --------------------------------------------------------------------------- across hosts (issue 13)
+def test_across_hosts_goals_and_table() -> None:
+    """The goals read the ratios to the 0 ms row; the table shows every round trip."""
+    from daskvec.bench.across import _ratios, format_across_table
+
+    def row(rtt: float, rollouts: float, ppo: float, daskppo: float) -> dict[str, Any]:
+        return {"rtt_ms": rtt, "sync_steps_per_s": 1000.0 / (1 + rtt), "sync_collect_steps_per_s": 500.0,
+                "rollout_steps_per_s": rollouts, "ppo_wall_s": ppo, "daskppo_wall_s": daskppo}  # fmt: skip
+
+    results: dict[str, Any] = {
+        "settings": {"n_envs": 64, "n_hosts": 2, "n_steps": 128, "timesteps": 1000},
+        "relay": {"cost_us": 40.0, "direct_us": 25.0, "relayed_us": 65.0},
+        "rows": [row(0, 100.0, 2.0, 1.0), row(2, 95.0, 3.0, 1.1), row(10, 60.0, 9.0, 1.5)],
+    }
+    _ratios(results)
+    assert results["rows"][1]["rollout_steps_per_s_vs_0ms"] == pytest.approx(0.95)
+    assert results["goals"] == {"rollouts_at_2ms_ge_0.9_of_0ms": True, "rollouts_at_10ms_ge_0.7_of_0ms": False,
+                                "daskppo_not_slower_at_0ms": True}  # fmt: skip
+    table = format_across_table(results)
+    assert "rollouts_at_10ms_ge_0.7_of_0ms=NOT met" in table
+    assert [line.split()[0] for line in table.splitlines()[2:5]] == ["0", "2", "10"]
+
+
+def test_rtt_option_is_checked() -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert parser.parse_args(["--scenario", "hosts", "--rtt", "0,2,10"]).rtt == [0.0, 2.0, 10.0]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--rtt", "0,-2"])

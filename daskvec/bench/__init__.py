@@ -36,6 +36,15 @@ The package, in the order a run uses it:
 - :mod:`~daskvec.bench.report`: JSON, PNG and the table;
 - :mod:`~daskvec.bench.command`: ``daskvec bench`` and ``python -m daskvec.bench``.
 
+Two scenarios run on their own, outside ``all`` (issue 13):
+
+- ``hosts`` (:mod:`~daskvec.bench.across`, on :mod:`~daskvec.bench.hosts`): emulated
+  worker hosts (network namespaces, a delay relay; needs root and iptables) with a
+  round-trip sweep (``--rtt 0,2,10``): synchronous stepping, PPO's loop, worker-side
+  rollouts (:class:`~daskvec.sb3.DaskPPO`), PPO vs DaskPPO wall time, the relay's cost;
+- ``learning`` (:mod:`~daskvec.bench.learning`): DaskPPO against PPO with DummyVecEnv on
+  CartPole-v1, 8 envs, 50,000 timesteps, seeds 0, 1, 2.
+
 Importing it stays light (the standard library, numpy and gymnasium; everything else is
 imported when used) because Dask workers and subprocesses import
 :mod:`daskvec.bench.envs`, and with it this package, to build the envs.

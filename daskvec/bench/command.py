@@ -29,6 +29,46 @@ def _int_list(value: str) -> list[int]:
     return out
 
 
+def _float_list(value: str) -> list[float]:
+    try:
+        out = [float(v) for v in _comma_list(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds such as 0,2,10, not {value!r}") from None
+    if not out or any(x < 0 for x in out):
+        raise argparse.ArgumentTypeError(f"round trips must be >= 0 ms, not {value!r}")
+    return out
+
+
+#: Scenarios that run on their own, outside ``all`` (issue 13).
+OWN_RUN = ("hosts", "learning")
+
+
+def _run_own(args: argparse.Namespace) -> int:
+    """Run the ``hosts`` and/or ``learning`` scenarios; print their tables."""
+    from pathlib import Path
+
+    if "hosts" in args.scenario:
+        from daskvec.bench.across import format_across_table, run_across_hosts
+
+        try:
+            res = run_across_hosts(args.rtt, n_hosts=args.hosts, n_envs=(args.envs or [64])[0], seconds=args.seconds,
+                                   n_steps=args.rollout_steps, repeat=max(args.repeat, 2), seed=args.seed,
+                                   out_dir=args.out)  # fmt: skip
+        except RuntimeError as e:
+            print(f"daskvec bench: {e}", file=sys.stderr)
+            return 2
+        print(format_across_table(res))
+        print(f"json: {res['files']['json']}")
+    if "learning" in args.scenario:
+        from daskvec.bench.learning import format_learning_table, run_learning_check
+
+        out = Path(args.out) / "learning-check.json"
+        res = run_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
+        print(format_learning_table(res))
+        print(f"json: {out}")
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``daskvec bench`` options to ``parser``.
 
@@ -37,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser : argparse.ArgumentParser
         The (sub)parser of the ``bench`` command.
     """
-    parser.add_argument("--scenario", nargs="+", default=["all"], choices=[*SCENARIOS, "all", "none"],
-                        help="scenarios to run (default: all); 'none' with --dashboard runs only that")
+    parser.add_argument("--scenario", nargs="+", default=["all"], choices=[*SCENARIOS, "all", "none", *OWN_RUN],
+                        help="scenarios to run (default: all); 'none' with --dashboard runs only that; "
+                             "'hosts' (emulated hosts, needs root) and 'learning' run on their own")
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")
     parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]",
@@ -66,6 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results", metavar="DIR",
                         help="directory for the JSON and PNG results (default bench-results)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
+    # issue 13: across emulated hosts, and the learning check
+    parser.add_argument("--rtt", type=_float_list, default=[0.0, 2.0, 10.0], metavar="MS[,MS...]",
+                        help="hosts scenario: round trips the relay adds on each host (default 0,2,10)")
+    parser.add_argument("--hosts", type=int, default=2, help="hosts scenario: emulated worker hosts (default 2)")
+    parser.add_argument("--rollout-steps", type=int, default=128,
+                        help="hosts scenario: PPO n_steps per rollout (default 128)")
+    parser.add_argument("--learning-seeds", type=_int_list, default=[0, 1, 2], metavar="S[,S...]",
+                        help="learning scenario: seeds (default 0,1,2)")
     parser.add_argument("-v", "--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
     parser.add_argument("--tls", action="store_true",  # issue 15
                         help="instead of the scenarios: the encrypted direct channel vs actor calls on a TLS "
@@ -106,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
     if getattr(args, "tls", False):
         return _run_tls(args, quiet)
+    if any(s in OWN_RUN for s in args.scenario):
+        with quiet:
+            return _run_own(args)
     try:
         with quiet:
             results = run_benchmark(

@@ -31,10 +31,21 @@ import numpy as np
 
 from daskvec import config, metrics
 from daskvec.errors import EnvBuildTimeoutError, EnvRestartBudgetExceeded
-from daskvec.protocol import MASK_METHOD, Autoreset, Command, RemoteError, ResetReply, StepReply, restart_seed
+from daskvec.protocol import (
+    MASK_METHOD,
+    Autoreset,
+    Command,
+    RemoteError,
+    ResetReply,
+    RolloutReply,
+    RolloutRequest,
+    StepReply,
+    restart_seed,
+)
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.worker import probes
 from daskvec.worker.reaper import queue_release, start_reaper
+from daskvec.worker.rollout import run_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +299,7 @@ class EnvGroup:
             Command.HAS_ATTR: self._has_attr,
             Command.CALL: self._call,
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
+            Command.ROLLOUT: self.rollout,  # issue 13
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -466,6 +478,15 @@ class EnvGroup:
         return obs, dict(reset_info), marker
 
     # ---------------------------------------------------------------- step and reset
+    @property
+    def last_obs(self) -> Any:
+        """The envs' current observations, stacked (``None`` before the first reset)."""
+        return self._last_obs
+
+    def rollout(self, request: RolloutRequest) -> RolloutReply:
+        """Run the envs for a whole rollout with the shipped policy (see :mod:`daskvec.worker.rollout`)."""
+        return run_rollout(self, request)
+
     def step(self, actions: Any) -> StepReply:
         """Step every env with its action; an episode's end is handled as ``autoreset`` says."""
         n = len(self.envs)
