@@ -263,6 +263,24 @@ class ClientTimer:
         self._last_end = now
         self._sent = None
 
+    def rollout(self, vec_steps: int, wait_s: float, worker_s: float) -> None:
+        """Count a rollout collected on the workers (:meth:`DaskVecEnv.collect_rollout`) as ``vec_steps`` steps.
+
+        ``wait_s`` is the collection's wall time and ``worker_s`` the slowest group's time
+        in its envs and its policy copy: that counts as env time, the rest of the wait as
+        transit, and the time since the previous step or rollout (the learner's update) as
+        client time.
+        """
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.client_s += max(now - wait_s - self._last_end, 0.0)
+        worker = min(worker_s, wait_s)
+        self.env_s += worker
+        self.transit_s += wait_s - worker
+        self.vec_steps += vec_steps
+        self._last_end = now
+        self._sent = None
+
     def shares(self) -> dict[str, float]:
         """Fractions of the total time spent on the client, in transit and in envs."""
         total = self.client_s + self.transit_s + self.env_s

@@ -36,12 +36,13 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
 
 from daskvec.rollout import PolicyShipment, Rollout
+from daskvec.sb3_logger import DaskVecEnvMetrics
 from daskvec.vec_env import DaskVecEnv
 from daskvec.worker.rollout import normalize_obs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DaskA2C", "DaskPPO", "RolloutPlan", "plan_rollouts"]
+__all__ = ["DaskA2C", "DaskPPO", "DaskVecEnvMetrics", "RolloutPlan", "plan_rollouts"]
 
 #: Wrappers whose effect is reproduced faithfully around worker-side rollouts.
 SUPPORTED_WRAPPERS = (VecMonitor, VecNormalize)

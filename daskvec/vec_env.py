@@ -22,7 +22,6 @@ import enum
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -362,6 +361,7 @@ class DaskVecEnv(VecEnv):
             if pool.stepping:  # interrupted while fragments were on their way: they cannot be matched up
                 self._break(e)
             raise
+        self.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
         self._engine.maybe_publish()
         return rollout
 

@@ -149,6 +149,28 @@ def test_metrics_land_in_sb3_csv_log_with_restart_counts(dclient: Any, tmp_path:
     assert callback.last["daskvec/restarts"] == 2
 
 
+def test_metrics_of_worker_side_rollouts(dclient: Any, tmp_path: Path) -> None:
+    """DaskPPO collects its rollouts on the workers: the callback still sees their steps and time split."""
+    from daskvec.sb3 import DaskPPO
+    from daskvec.sb3 import DaskVecEnvMetrics as FromSb3
+
+    assert FromSb3 is DaskVecEnvMetrics
+    env = DaskVecEnv([CountingEnv] * 4, client=dclient)
+    try:
+        model = DaskPPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32, n_epochs=1)
+        model.set_logger(configure(str(tmp_path), ["csv"]))
+        model.learn(128, callback=DaskVecEnvMetrics())
+        assert env.timer.vec_steps == 32  # two rollouts of 16 vec-steps, none stepped by the client
+    finally:
+        env.close()
+    rows = read_csv(tmp_path / "progress.csv")
+    assert len(rows) == 2
+    for row in rows:
+        assert float(row["daskvec/env_steps_per_s"]) > 0 and float(row["daskvec/step_env_ms"]) > 0
+        shares = sum(float(row[f"daskvec/share_{k}"]) for k in ("client", "transit", "env"))
+        assert shares == pytest.approx(1.0)
+
+
 @pytest.mark.timeout(180)
 def test_metrics_count_a_lost_worker(dask_processes: Any, tmp_path: Path) -> None:
     """SIGKILL of one of 2 ``dask worker`` processes during MaskablePPO: its envs count as restarts
