@@ -2,6 +2,8 @@
 
 - :mod:`daskvec.worker.group` -- :class:`EnvGroup`, the actor that builds and steps
   its envs and answers requests on either transport;
+- :mod:`daskvec.worker.envs` -- single envs as a group sees them: stacking their
+  observations, wrapper lookups, factory names, their errors as replies;
 - :mod:`daskvec.worker.host` -- :class:`EnvHost`, the actor when the envs live in a
   process of their own (``env_process=True``), and that process's entry point;
 - :mod:`daskvec.worker.reaper` -- releases groups that Dask dropped without a shutdown;

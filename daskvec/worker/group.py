@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +34,6 @@ from daskvec.protocol import (
     MASK_METHOD,
     Autoreset,
     Command,
-    RemoteError,
     ResetReply,
     RolloutReply,
     RolloutRequest,
@@ -44,111 +42,24 @@ from daskvec.protocol import (
 )
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.worker import probes
+from daskvec.worker.envs import (
+    EnvFailure,
+    factory_name,
+    has_method,
+    has_wrapper_attr,
+    is_wrapped,
+    obs_shape,
+    remote_error,
+    row,
+    stack_obs,
+    wrapper_attr,
+)
 from daskvec.worker.reaper import queue_release, start_reaper
 from daskvec.worker.rollout import run_rollout
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["WORKER_DIRECTORY", "EnvGroup", "factory_name", "obs_shape", "stack_obs"]
-
-
-def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
-    """Stack per-env observations along a new first axis, following ``space``.
-
-    Dict spaces give a dict of arrays, Tuple spaces a tuple of arrays, anything else
-    one array. Each result is one contiguous buffer, sent out of band.
-    """
-    if isinstance(space, gym.spaces.Dict):
-        return {k: stack_obs([o[k] for o in obs_list], sub) for k, sub in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(stack_obs([o[i] for o in obs_list], sub) for i, sub in enumerate(space.spaces))
-    try:
-        stacked = np.array(obs_list)  # one C call; np.stack does the same in Python
-    except ValueError:
-        stacked = None
-    if stacked is None or stacked.dtype.hasobject or stacked.shape[:1] != (len(obs_list),):
-        # ragged or odd observations: np.stack stacks what it can and explains the rest
-        return np.stack([np.asarray(o) for o in obs_list])
-    return stacked
-
-
-def obs_shape(obs: Any) -> Any:
-    """The shape of one env's observation (per key or entry for dict and tuple ones)."""
-    if isinstance(obs, dict):
-        return {k: obs_shape(v) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(obs_shape(v) for v in obs)
-    return np.shape(obs)
-
-
-def _row(stacked: Any, pos: int) -> Any:
-    if isinstance(stacked, dict):
-        return {k: _row(v, pos) for k, v in stacked.items()}
-    if isinstance(stacked, tuple):
-        return tuple(_row(v, pos) for v in stacked)
-    return stacked[pos].copy()
-
-
-def _wrapper_attr(env: Any, name: str) -> Any:
-    """``env.get_wrapper_attr(name)``, or plain ``getattr`` for an env that is not a ``gymnasium.Env``."""
-    getter = getattr(env, "get_wrapper_attr", None)
-    return getter(name) if getter is not None else getattr(env, name)
-
-
-def _has_wrapper_attr(env: Any, name: str) -> bool:
-    try:
-        _wrapper_attr(env, name)
-    except AttributeError:
-        return False
-    return True
-
-
-def _has_method(env: Any, name: str) -> bool:
-    try:
-        return callable(_wrapper_attr(env, name))
-    except AttributeError:
-        return False
-
-
-def _is_wrapped(env: gym.Env[Any, Any], wrapper_class: type) -> bool:
-    current: Any = env
-    while isinstance(current, gym.Wrapper):
-        if isinstance(current, wrapper_class):
-            return True
-        current = current.env
-    return False
-
-
-def factory_name(fn: Any) -> str:
-    """A readable name for an env factory (``functools.partial`` shows the function's)."""
-    inner = getattr(fn, "func", fn)
-    return str(getattr(inner, "__qualname__", None) or type(inner).__name__)
-
-
-class _EnvFailure(Exception):
-    """Internal: carries a :class:`RemoteError` out of a command."""
-
-    def __init__(self, error: RemoteError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def remote_error(exc: BaseException, env_index: int | None, worker: str) -> RemoteError:
-    """``exc`` as a :class:`~daskvec.protocol.RemoteError` (with the exception itself when it pickles)."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        blob: bytes | None = cloudpickle.dumps(exc)
-        cloudpickle.loads(blob)
-    except Exception:
-        blob = None
-    return RemoteError(
-        type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        message=str(exc),
-        traceback=tb,
-        env_index=env_index,
-        worker=worker,
-        exc=blob,
-    )
 
 
 class _WorkerDirectory:
@@ -420,14 +331,14 @@ class EnvGroup:
                 if self._closed:
                     raise RuntimeError("this env group was shut down")
                 return self._commands[cmd](*args)
-            except _EnvFailure as f:
+            except EnvFailure as f:
                 return f.error
             except Exception as e:
                 return remote_error(e, None, self.worker_address)
 
     # ---------------------------------------------------------------- errors and restarts
-    def _fail(self, pos: int, exc: BaseException) -> _EnvFailure:
-        return _EnvFailure(remote_error(exc, self.env_indices[pos], self.worker_address))
+    def _fail(self, pos: int, exc: BaseException) -> EnvFailure:
+        return EnvFailure(remote_error(exc, self.env_indices[pos], self.worker_address))
 
     def _recover(self, pos: int, exc: Exception) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         """Handle an env's exception by the group's policy: raise it, or rebuild the env.
@@ -499,7 +410,7 @@ class EnvGroup:
                     obs_list[pos] = self._deliver_reset(pos, reply)
                 else:
                     obs_list[pos] = self._step_one(pos, actions[pos], reply)
-            except _EnvFailure:
+            except EnvFailure:
                 raise
             except Exception as e:
                 obs_list[pos] = self._step_failed(pos, e, reply)
@@ -539,7 +450,7 @@ class EnvGroup:
         obs, reset_info, reply.restarted[pos] = self._recover(pos, exc)
         reply.rewards[pos], reply.terminated[pos], reply.truncated[pos] = 0.0, False, True
         reply.infos.pop(pos, None)
-        last = None if self._last_obs is None else _row(self._last_obs, pos)
+        last = None if self._last_obs is None else row(self._last_obs, pos)
         if self.autoreset is Autoreset.SAME_STEP:
             reply.reset_infos[pos] = reset_info
             if last is not None:
@@ -593,7 +504,7 @@ class EnvGroup:
         reply = ResetReply(None, [])
         for pos in range(len(self.envs)):
             if mask is not None and not mask[pos]:
-                obs_list.append(_row(self._last_obs, pos))
+                obs_list.append(row(self._last_obs, pos))
                 reply.reset_infos.append({})
                 continue
             if user and seeds[pos] is not None:
@@ -612,7 +523,7 @@ class EnvGroup:
     # ---------------------------------------------------------------- action masks
     def _detect_masks(self) -> bool:
         """Whether the masks travel with the replies: asked for, and every env has the method."""
-        return self._send_masks and all(_has_method(env, MASK_METHOD) for env in self.envs)
+        return self._send_masks and all(has_method(env, MASK_METHOD) for env in self.envs)
 
     def _masks(self) -> np.ndarray | None:
         """Every env's action mask, stacked; ``None`` when they cannot travel as one array.
@@ -624,7 +535,7 @@ class EnvGroup:
         if not self._masks_on:
             return None
         try:
-            masks = [_wrapper_attr(env, MASK_METHOD)() for env in self.envs]
+            masks = [wrapper_attr(env, MASK_METHOD)() for env in self.envs]
         except Exception:
             logger.debug("action_masks() raised on %s; the client will call it", self.env_indices, exc_info=True)
             return None
@@ -658,7 +569,7 @@ class EnvGroup:
         return self._each(positions, lambda env: env.get_wrapper_attr(name)(*args, **kwargs))
 
     def _has_attr(self, name: str, positions: Sequence[int]) -> list[bool]:
-        return self._each(positions, lambda env: _has_wrapper_attr(env, name))
+        return self._each(positions, lambda env: has_wrapper_attr(env, name))
     def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], positions: Sequence[int]) -> list[Any]:
         def call(env: gym.Env[Any, Any]) -> Any:
             attr = env.get_wrapper_attr(name)
@@ -671,7 +582,7 @@ class EnvGroup:
         self._each(positions, lambda env: env.set_wrapper_attr(name, next(todo)))
 
     def _is_wrapped(self, wrapper_class: type, positions: Sequence[int]) -> list[bool]:
-        return self._each(positions, lambda env: _is_wrapped(env, wrapper_class))
+        return self._each(positions, lambda env: is_wrapped(env, wrapper_class))
 
     def _render(self, positions: Sequence[int]) -> list[Any]:
         return self._each(positions, lambda env: env.render())

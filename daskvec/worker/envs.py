@@ -1,0 +1,131 @@
+"""Single envs as an env group sees them.
+
+Stacking their observations, describing their shapes, looking up attributes through
+their wrappers, naming their factories, and turning their exceptions into
+:class:`~daskvec.protocol.RemoteError` replies. Used by :class:`~daskvec.worker.EnvGroup`
+and, for the error messages about observation shapes, by the client's step buffers.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+
+from daskvec.protocol import RemoteError
+
+__all__ = [
+    "EnvFailure",
+    "factory_name",
+    "has_method",
+    "has_wrapper_attr",
+    "is_wrapped",
+    "obs_shape",
+    "remote_error",
+    "row",
+    "stack_obs",
+    "wrapper_attr",
+]
+
+
+def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
+    """Stack per-env observations along a new first axis, following ``space``.
+
+    Dict spaces give a dict of arrays, Tuple spaces a tuple of arrays, anything else
+    one array. Each result is one contiguous buffer, sent out of band.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        return {k: stack_obs([o[k] for o in obs_list], sub) for k, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(stack_obs([o[i] for o in obs_list], sub) for i, sub in enumerate(space.spaces))
+    try:
+        stacked = np.array(obs_list)  # one C call; np.stack does the same in Python
+    except ValueError:
+        stacked = None
+    if stacked is None or stacked.dtype.hasobject or stacked.shape[:1] != (len(obs_list),):
+        # ragged or odd observations: np.stack stacks what it can and explains the rest
+        return np.stack([np.asarray(o) for o in obs_list])
+    return stacked
+
+
+def obs_shape(obs: Any) -> Any:
+    """The shape of one env's observation (per key or entry for dict and tuple ones)."""
+    if isinstance(obs, dict):
+        return {k: obs_shape(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(obs_shape(v) for v in obs)
+    return np.shape(obs)
+
+
+def row(stacked: Any, pos: int) -> Any:
+    if isinstance(stacked, dict):
+        return {k: row(v, pos) for k, v in stacked.items()}
+    if isinstance(stacked, tuple):
+        return tuple(row(v, pos) for v in stacked)
+    return stacked[pos].copy()
+
+
+def wrapper_attr(env: Any, name: str) -> Any:
+    """``env.get_wrapper_attr(name)``, or plain ``getattr`` for an env that is not a ``gymnasium.Env``."""
+    getter = getattr(env, "get_wrapper_attr", None)
+    return getter(name) if getter is not None else getattr(env, name)
+
+
+def has_wrapper_attr(env: Any, name: str) -> bool:
+    try:
+        wrapper_attr(env, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def has_method(env: Any, name: str) -> bool:
+    try:
+        return callable(wrapper_attr(env, name))
+    except AttributeError:
+        return False
+
+
+def is_wrapped(env: gym.Env[Any, Any], wrapper_class: type) -> bool:
+    current: Any = env
+    while isinstance(current, gym.Wrapper):
+        if isinstance(current, wrapper_class):
+            return True
+        current = current.env
+    return False
+
+
+def factory_name(fn: Any) -> str:
+    """A readable name for an env factory (``functools.partial`` shows the function's)."""
+    inner = getattr(fn, "func", fn)
+    return str(getattr(inner, "__qualname__", None) or type(inner).__name__)
+
+
+class EnvFailure(Exception):
+    """Carries a :class:`RemoteError` out of a group's command (caught by its dispatch)."""
+
+    def __init__(self, error: RemoteError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def remote_error(exc: BaseException, env_index: int | None, worker: str) -> RemoteError:
+    """``exc`` as a :class:`~daskvec.protocol.RemoteError` (with the exception itself when it pickles)."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob: bytes | None = cloudpickle.dumps(exc)
+        cloudpickle.loads(blob)
+    except Exception:
+        blob = None
+    return RemoteError(
+        type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message=str(exc),
+        traceback=tb,
+        env_index=env_index,
+        worker=worker,
+        exc=blob,
+    )
