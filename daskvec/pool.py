@@ -128,6 +128,19 @@ class StepOutcome:
     lost: dict[Group, BaseException] = field(default_factory=dict)
     env_seconds: float = 0.0
 
+    def file(self, g: Group, reply: Any, kind: type = StepReply) -> bool:
+        """File ``g``'s reply: True for a ``kind`` reply (its env time counted), else an error or a loss."""
+        if isinstance(reply, kind):
+            self.env_seconds = max(self.env_seconds, getattr(reply, "env_seconds", 0.0))
+            return True
+        if isinstance(reply, RemoteError):
+            self.errors.append((g, reply))
+        elif isinstance(reply, BaseException):
+            self.lost[g] = reply
+        else:
+            raise RuntimeError(f"daskvec internal error: unexpected reply {type(reply).__name__}")
+        return False
+
 
 class GroupPool:
     """The env groups of one vec env: create, connect, call, step and tear down.
@@ -499,15 +512,7 @@ class GroupPool:
         self._arrived = None
         outcome = StepOutcome()
         for g in pending:
-            reply = arrived[g.gid]
-            if isinstance(reply, kind):
-                outcome.env_seconds = max(outcome.env_seconds, getattr(reply, "env_seconds", 0.0))
-            elif isinstance(reply, RemoteError):
-                outcome.errors.append((g, reply))
-            elif isinstance(reply, BaseException):
-                outcome.lost[g] = reply
-            else:
-                raise RuntimeError(f"daskvec internal error: unexpected reply {type(reply).__name__}")
+            outcome.file(g, arrived[g.gid], kind)
         return outcome
 
     # ------------------------------------------------------------------ partial batches (issue 16)
@@ -580,15 +585,8 @@ class GroupPool:
         outcome = StepOutcome()
         replies = {g: self._inflight.pop(g.gid)[1] for g in done}
         for g, reply in replies.items():
-            if isinstance(reply, StepReply):
-                outcome.env_seconds = max(outcome.env_seconds, reply.env_seconds)
+            if outcome.file(g, reply):
                 take(g, reply)
-            elif isinstance(reply, RemoteError):
-                outcome.errors.append((g, reply))
-            elif isinstance(reply, BaseException):
-                outcome.lost[g] = reply
-            else:
-                raise RuntimeError(f"daskvec internal error: unexpected step reply {type(reply).__name__}")
         return outcome
 
 

@@ -44,6 +44,29 @@ def cluster2() -> Iterator[object]:
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def dclient(cluster2: object) -> Iterator[object]:
+    """One direct-to-workers client on :func:`cluster2` for a test module."""
+    from distributed import Client
+
+    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Deterministic and fair on a shared 2-core machine: torch uses one thread in this module.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def client2(cluster2: object) -> Iterator[object]:
     """A direct-to-workers client on :func:`cluster2`."""

@@ -44,13 +44,6 @@ BACKENDS = ["dummy", "subproc", *PLACEMENTS]
 DASK_BACKENDS = list(PLACEMENTS)
 
 
-@pytest.fixture(scope="module")
-def dclient(cluster2: Any) -> Iterator[Any]:
-    """One direct-to-workers client on the session cluster for this module."""
-    from distributed import Client
-
-    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
-        yield c
 
 
 def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], client: Any) -> VecEnv:

@@ -6,7 +6,6 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,12 +26,6 @@ from daskvec.errors import (
 TRANSPORTS = ["direct", "actor"]
 
 
-@pytest.fixture(scope="module")
-def dclient(cluster2: Any) -> Iterator[Any]:
-    from distributed import Client
-
-    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -29,18 +28,14 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecMoni
 from daskvec import DaskVecEnv
 from daskvec.sb3 import DaskA2C, DaskPPO
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 N_ENVS = 4
 #: Keys of SB3's collect_rollouts locals that callbacks read.
 SB3_LOCALS = {"self", "env", "callback", "rollout_buffer", "n_rollout_steps", "n_steps", "obs_tensor", "actions",
               "values", "log_probs", "clipped_actions", "new_obs", "rewards", "dones", "infos"}  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(before)
 
 
 def short_cartpole() -> gym.Env[Any, Any]:

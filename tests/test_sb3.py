@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import csv
 import functools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 from envs import CountingEnv
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
@@ -25,21 +23,11 @@ from daskvec.transport import ActorChannel, DirectChannel, decode, encode, pack,
 
 sb3_contrib = pytest.importorskip("sb3_contrib", reason="sb3-contrib is not installed (pip install -e '.[test]')")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def dclient(cluster2: Any) -> Iterator[Any]:
-    from distributed import Client
 
-    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
-        yield c
+
 
 
 @pytest.fixture

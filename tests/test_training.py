@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -19,22 +18,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from daskvec import DaskVecEnv
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Deterministic and fair on a shared 2-core machine: torch uses one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def dclient(cluster2: Any) -> Iterator[Any]:
-    from distributed import Client
 
-    with Client(cluster2, direct_to_workers=True, set_as_default=False) as c:
-        yield c
+
 
 
 def evaluate(model: Any, env_id: str = "CartPole-v1", episodes: int = 10, seed: int = 1000) -> list[float]:
