@@ -68,6 +68,19 @@ def one_torch_thread() -> Iterator[None]:
 
 
 @pytest.fixture
+def restore_daskvec_logger() -> Iterator[None]:
+    """``cli.main`` configures the ``daskvec`` logger for a terminal; undo it afterwards."""
+    import logging
+
+    log = logging.getLogger("daskvec")
+    saved = (log.level, list(log.handlers), log.propagate)
+    yield
+    log.setLevel(saved[0])
+    log.handlers[:] = saved[1]
+    log.propagate = saved[2]
+
+
+@pytest.fixture
 def client2(cluster2: object) -> Iterator[object]:
     """A direct-to-workers client on :func:`cluster2`."""
     from distributed import Client

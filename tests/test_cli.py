@@ -153,19 +153,6 @@ def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
     assert all(w.poll() is None for w in procs.workers)
 
 
-@pytest.fixture
-def restore_daskvec_logger() -> Any:
-    """``cli.main`` configures the ``daskvec`` logger; undo it for the tests that follow."""
-    import logging
-
-    log = logging.getLogger("daskvec")
-    saved = (log.level, list(log.handlers), log.propagate)
-    yield
-    log.setLevel(saved[0])
-    log.handlers[:] = saved[1]
-    log.propagate = saved[2]
-
-
 def test_unreachable_scheduler_fails_cleanly(capsys: pytest.CaptureFixture[str], restore_daskvec_logger: Any) -> None:
     import socket
 

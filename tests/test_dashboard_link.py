@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import logging
 import re
 import subprocess
 import sys
@@ -175,17 +174,6 @@ def no_dashboard() -> Iterator[Any]:
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                       scheduler_kwargs={"dashboard": False}, silence_logs=40) as cluster:
         yield cluster
-
-
-@pytest.fixture
-def restore_daskvec_logger() -> Iterator[None]:
-    """``cli.main`` configures the ``daskvec`` logger; undo it afterwards."""
-    log = logging.getLogger("daskvec")
-    saved = (log.level, list(log.handlers), log.propagate)
-    yield
-    log.setLevel(saved[0])
-    log.handlers[:] = saved[1]
-    log.propagate = saved[2]
 
 
 def dask_link_is_dead(link: str) -> bool:
