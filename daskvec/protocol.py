@@ -19,6 +19,7 @@ Stable-Baselines3, torch and Dask.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -278,6 +279,10 @@ class RolloutRequest:
     n_steps: int
     obs_norm: dict[str, Any] | None = None
     seed: int | None = None
+
+    def shorter(self, by: int) -> RolloutRequest:
+        """The same request for ``by`` fewer steps (the rest of a rollout, recollected)."""
+        return dataclasses.replace(self, n_steps=self.n_steps - by)
 
 
 @dataclass(slots=True, eq=False)

@@ -65,7 +65,7 @@ def test_tls_workers_behind_a_tcp_looking_scheduler_are_secured(monkeypatch: pyt
     from distributed.security import Security
 
     workers = {"tcp://10.0.0.2:4000": {}, "tls://10.0.0.3:4000": {}, "tls://10.0.0.4:4000": {}}
-    monkeypatch.setattr(_dask, "scheduler_workers", lambda client: workers)
+    monkeypatch.setattr(_dask, "scheduler_workers", lambda client, timeout=30.0: workers)
     reasons = security_reasons(stand_in("tcp://10.0.0.1:8786", Security()))
     assert reasons == ["worker address tls://10.0.0.3:4000 and 1 more"]
 
