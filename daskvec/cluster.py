@@ -29,6 +29,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskvec import _dask
 from daskvec.dashboard_link import check_dashboard
+from daskvec.protocol import GROUP_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +46,6 @@ __all__ = [
     "plan_groups",
     "resolve_client",
 ]
-
-#: Every env-group actor's Dask key starts with this (the dashboard and the
-#: scale-down plugin recognise daskvec actors by it).
-GROUP_KEY_PREFIX = "daskvec-group-"
 
 
 # --------------------------------------------------------------------------- clients

@@ -43,6 +43,10 @@ __all__ = [
 #: Marker key that daskvec adds to an env's ``info`` when it was restarted or moved.
 INFO_KEY = "daskvec"
 
+#: Every env-group actor's Dask key starts with this (the dashboard and the
+#: scale-down plugin recognise daskvec actors by it).
+GROUP_KEY_PREFIX = "daskvec-group-"
+
 #: The env method whose results travel with every step and reset reply (issue 14:
 #: sb3-contrib's ``MaskablePPO`` asks every env for its action masks before every step).
 MASK_METHOD = "action_masks"

@@ -131,8 +131,9 @@ class DaskVecEnv(VecEnv):
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     step_timeout : float, optional
-        Seconds a step may take before its envs are treated as hung; defaults to
-        ``timeout``.
+        Seconds a step may take before its envs are treated as hung and rebuilt
+        elsewhere (default 60: a frozen worker stalls the run at most that long;
+        keep it well above the slowest honest step). ``None`` in the config: ``timeout``.
     on_worker_lost : {"restart", "raise"}
         When a worker holding envs dies or hangs: rebuild its envs on live workers
         and report truncations (default), or raise :class:`~daskvec.errors.WorkerLostError`.

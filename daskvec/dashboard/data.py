@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from daskvec.cluster import GROUP_KEY_PREFIX
 from daskvec.metrics import CLIENT_TOPIC
+from daskvec.protocol import GROUP_KEY_PREFIX
 
 __all__ = ["WORKER_COLUMNS", "Snapshot", "snapshot"]
 
