@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from daskvec.errors import (
     StepTimeoutError,
     WorkerLostError,
 )
+from daskvec.protocol import INFO_KEY
 
 TRANSPORTS = ["direct", "actor"]
 
@@ -270,6 +273,112 @@ def test_interrupted_step_wait_stays_pending(dclient: Any) -> None:
         assert obs[:, 0].tolist() == [1, 1, 1, 1]
         obs, _, _, _ = venv.step(np.zeros(4, dtype=np.int64))
         assert obs[:, 0].tolist() == [2, 2, 2, 2]
+    finally:
+        venv.close()
+
+
+def interrupt_once(channel: Any) -> None:
+    """The next ``recv`` on ``channel`` raises KeyboardInterrupt (Ctrl-C during the wait); later ones read."""
+    real_recv = channel.recv
+
+    def interrupted(timeout: float | None) -> Any:
+        channel.recv = real_recv
+        raise KeyboardInterrupt
+
+    channel.recv = interrupted
+
+
+def test_interrupted_step_wait_keeps_an_env_error_read_before(dclient: Any) -> None:
+    """Ctrl-C after the first group's reply (env 1's error) was read: the resumed step_wait raises it."""
+    fns = counting(4, horizon=50)
+    fns[1] = functools.partial(BrokenStepEnv, horizon=50, fail_at=1)
+    venv = DaskVecEnv(fns, client=dclient, transport="direct", envs_per_actor=2, step_timeout=20)
+    try:
+        assert [g["envs"] for g in venv.groups] == [[0, 1], [2, 3]]  # groups are read in this order
+        venv.reset()
+        interrupt_once(venv._groups[1].channel)
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(KeyboardInterrupt):
+            venv.step_wait()  # the first group's reply (env 1's error) is read, then Ctrl-C
+        assert venv.waiting
+        try:
+            venv.step_wait()
+        except EnvCrashed as e:
+            assert e.env_index == 1, f"the error of env {e.env_index}, not env 1"  # type: ignore[attr-defined]
+        else:
+            pytest.fail("the resumed step_wait returned: env 1's error, read before Ctrl-C, was lost")
+        assert not venv.waiting
+        assert venv.get_attr("total_steps") == [1, 1, 1, 1]  # usable again, every env stepped once
+    finally:
+        venv.close()
+
+
+class ExitingEnv(CountingEnv):
+    """Ends its process (an interpreter crash) at its ``exit_at``-th step, the first time only (a flag file)."""
+
+    def __init__(self, exit_at: int, flag: str) -> None:
+        super().__init__(horizon=50)
+        self.exit_at, self.flag = exit_at, flag
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.total_steps + 1 == self.exit_at and not os.path.exists(self.flag):
+            with open(self.flag, "w"):
+                pass
+            os._exit(3)
+        return super().step(action)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("policy", ["restart", "raise"])
+def test_interrupted_step_wait_keeps_a_group_lost_before(dclient: Any, tmp_path: Path, policy: str) -> None:
+    """Ctrl-C after the first group was read as lost (its env process ended mid-step).
+
+    The resumed step_wait reports that group as lost: its envs rebuilt and truncated
+    (``on_worker_lost="restart"``), or ``WorkerLostError`` naming them (``"raise"``).
+    """
+    fns = counting(4, horizon=50)
+    fns[0] = functools.partial(ExitingEnv, exit_at=2, flag=str(tmp_path / "exited"))
+    venv = DaskVecEnv(
+        fns,
+        client=dclient,
+        transport="direct",
+        envs_per_actor=2,
+        env_process=True,
+        timeout=60,
+        step_timeout=30,
+        on_worker_lost=policy,
+    )
+    try:
+        assert [g["envs"] for g in venv.groups] == [[0, 1], [2, 3]]  # groups are read in this order
+        venv.reset()
+        last, _, _, _ = venv.step(np.zeros(4, dtype=np.int64))
+        lost_pid = venv.groups[0]["env_pid"]
+        interrupt_once(venv._groups[1].channel)
+        venv.step_async(np.ones(4, dtype=np.int64))
+        with pytest.raises(KeyboardInterrupt):
+            venv.step_wait()  # the first group's channel fails (its process ended), then Ctrl-C
+        assert (tmp_path / "exited").exists() and venv.waiting
+        if policy == "raise":
+            try:
+                venv.step_wait()
+            except WorkerLostError as e:
+                assert e.env_indices == [0, 1], f"envs {e.env_indices} reported lost, not [0, 1]"
+            else:
+                pytest.fail("the resumed step_wait returned: envs [0, 1], lost before Ctrl-C, were not reported")
+            return
+        obs, rewards, dones, infos = venv.step_wait()
+        assert dones.tolist() == [True, True, False, False], f"the lost group was not reported: dones {dones}"
+        for i in (0, 1):
+            marker = infos[i].get(INFO_KEY)
+            assert marker is not None and marker["reason"] == "worker_lost", f"env {i}: {infos[i]}"
+            assert infos[i]["TimeLimit.truncated"] is True and rewards[i] == 0.0
+            np.testing.assert_array_equal(infos[i]["terminal_observation"], last[i])
+            assert obs[i][0] == 0.0  # the rebuilt env's first observation
+        assert obs[2:, 0].tolist() == [2, 2] and rewards[2:].tolist() == [1.0, 1.0]
+        assert sorted(e["env"] for e in venv.restart_log) == [0, 1]
+        assert lost_pid not in {g["env_pid"] for g in venv.groups}
+        obs, _, dones, _ = venv.step(np.zeros(4, dtype=np.int64))
+        assert obs[:, 0].tolist() == [1, 1, 3, 3] and not dones.any()
     finally:
         venv.close()
 

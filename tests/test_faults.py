@@ -210,7 +210,8 @@ def test_lost_envs_get_reward_zero_and_the_documented_seed(procs: DaskProcesses,
         actions = np.array([1, 2, 2, 1])  # CountingEnv's reward is the action: no env's last reward is 0
         seen = []
         for restarts in (1, 2):
-            assert env.step(actions)[1].tolist() == actions.tolist()
+            last, rews, _, _ = env.step(actions)
+            assert rews.tolist() == actions.tolist()
             held = group_pids(env)
             victim = next(pid for pid, envs in held.items() if 0 in envs)
             assert sorted(held[victim]) == [0, 1]
@@ -224,6 +225,9 @@ def test_lost_envs_get_reward_zero_and_the_documented_seed(procs: DaskProcesses,
             for i in (0, 1):
                 seed = documented_seed(i, restarts, base[i])
                 assert_seeded_with(env, obs, i, seed)
+                assert infos[i]["TimeLimit.truncated"] is True
+                # the last observation the learner saw, not the rebuilt env's first
+                np.testing.assert_array_equal(infos[i]["terminal_observation"], last[i], err_msg=f"env {i}")
                 assert (m[i]["reason"], m[i]["restarts"], m[i]["seed"]) == ("worker_lost", restarts, seed)
             seen.append(env.get_attr("reset_seeds", [0])[0][0])
         assert seen[0] != seen[1]  # a second rebuild is not a replay of the first

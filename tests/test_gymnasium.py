@@ -339,6 +339,8 @@ def test_lost_worker_is_a_truncation(dask_processes: Any, mode: AutoresetMode) -
         (proc,) = [p for p in procs.workers if p.pid == victim.desc["pid"]]
         lost, kept = victim.env_indices, dask._engine.groups[0].env_indices
         zeros = np.zeros((4, 2), np.float32)
+        last, *_ = dask.step(zeros)  # the observations the envs reached before the kill
+        assert_identical(last, sync.step(zeros)[0], "the step before the kill")
         want = sync.step(zeros)
         procs.kill_worker(proc)
         obs, rew, term, trunc, info = dask.step(zeros)
@@ -350,9 +352,14 @@ def test_lost_worker_is_a_truncation(dask_processes: Any, mode: AutoresetMode) -
         seeds = [restart_seed(i, 1, 20 + i) for i in lost]
         fresh = [SpaceEnv("box", horizon=50).reset(seed=s)[0] for s in seeds]
         if mode is AutoresetMode.SAME_STEP:  # the row is already the new episode's first observation
+            assert info["_final_obs"].tolist() == [i in lost for i in range(4)]
             for k, i in enumerate(lost):
                 assert_identical(obs[i], fresh[k])
-        else:  # the next step hands out the first observation, reward 0
+                # final_obs: the lost env's last observation, not the rebuilt env's first
+                assert_identical(info["final_obs"][i], last[i], f"final_obs of lost env {i}")
+        else:  # the row keeps the last observation; the next step hands out the first one, reward 0
+            for i in lost:
+                assert_identical(obs[i], last[i], f"row of lost env {i}")
             obs, rew, term, trunc, info = dask.step(np.zeros((4, 2), np.float32))
             for k, i in enumerate(lost):
                 assert_identical(obs[i], fresh[k])
@@ -379,22 +386,56 @@ def load_example() -> Any:
 
 
 @pytest.mark.timeout(180)
-def test_partial_batch_ppo_example_runs_briefly(client2: Any) -> None:
-    """The docs example trains a little from partial batches; its per-env GAE follows each env's episodes.
+def test_partial_batch_ppo_example_trains_on_per_env_trajectories(client2: Any, monkeypatch: Any) -> None:
+    """The docs example trains briefly from partial batches: two updates of the transitions asked for,
+    each env's trajectory its own episodes in order, the parameters changed, the score the greedy
+    evaluation of the returned model; its per-env GAE follows each env's episodes.
 
     (Its full run, reported in docs/gymnasium.md, takes minutes: not a CI test.)
     """
+    import torch
+
     ex = load_example()
     cfg = ex.Config(num_envs=4, batch_size=2, rollout=256, total_steps=512, epochs=1, eval_episodes=1)
+    updates: list[list[Any]] = []
+    update = ex.update
+
+    def recorded(model: Any, opt: Any, trajs: list[Any], cfg: Any) -> float:
+        updates.append(trajs)
+        return float(update(model, opt, trajs, cfg))
+
+    monkeypatch.setattr(ex, "update", recorded)
+    torch.manual_seed(cfg.seed)  # train() starts with this seed: the same initial parameters
+    initial = ex.ActorCritic(4, 2).state_dict()
     model, score = ex.train(cfg, client2)
-    assert 1 <= score <= 500  # a CartPole return, from a barely trained policy
+    # two updates, each of the 256 transitions asked for (a batch of 2 may overshoot by one)
+    assert [sum(map(len, trajs)) for trajs in updates] in ([256, 256], [256, 257], [257, 256], [257, 257])
+    episodes = 0
+    for u, trajs in enumerate(updates):
+        assert 1 <= len(trajs) <= cfg.num_envs
+        for k, tr in enumerate(trajs):
+            where = f"update {u} trajectory {k}"
+            assert len(tr.obs) == len(tr.actions) == len(tr.logps) == len(tr.rewards) == len(tr.next_obs) == len(tr)
+            assert tr.rewards == [1.0] * len(tr), f"{where}: a reset row was filed as a transition"
+            for t in range(len(tr)):
+                if tr.ends[t] == "term":  # CartPole fell: the pole or the cart out of bounds
+                    episodes += 1
+                    assert abs(tr.next_obs[t][0]) > 2.39 or abs(tr.next_obs[t][2]) > 0.2094, f"{where} step {t}"
+                if t + 1 == len(tr):
+                    break
+                if tr.ends[t]:  # the env's next transition starts a new episode
+                    assert np.all(np.abs(tr.obs[t + 1]) <= 0.05), f"{where} step {t + 1}: not a first observation"
+                else:  # one env's own time axis: the observation a step led to is the next one acted on
+                    np.testing.assert_array_equal(tr.next_obs[t], tr.obs[t + 1], err_msg=f"{where} step {t}")
+    assert episodes >= 4  # barely trained CartPole episodes are short
+    trained = model.state_dict()
+    assert any(not torch.equal(initial[k], trained[k]) for k in initial), "the example's updates changed nothing"
+    assert score == ex.evaluate(model, cfg.eval_episodes, seed=10_000 + cfg.seed)  # the returned model's, greedily
     # GAE along one env's time axis: termination stops the bootstrap, truncation keeps it
     traj = ex.Trajectory(
         obs=[np.zeros(4, np.float32)] * 3, actions=[0, 0, 0], logps=[0.0] * 3, rewards=[1.0, 1.0, 1.0],
         ends=["", "term", "trunc"], next_obs=[np.zeros(4, np.float32)] * 3,
     )  # fmt: skip
-    import torch
-
     with torch.no_grad():
         v = float(model.value(torch.zeros(1, 4))[0])
     adv, ret = ex.per_env_gae(model, traj, 0.9, 1.0)

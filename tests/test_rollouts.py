@@ -36,8 +36,6 @@ SB3_LOCALS = {"self", "env", "callback", "rollout_buffer", "n_rollout_steps", "n
               "values", "log_probs", "clipped_actions", "new_obs", "rewards", "dones", "infos"}  # fmt: skip
 
 
-
-
 def short_cartpole() -> gym.Env[Any, Any]:
     """Always pushed left, CartPole falls after 8-10 steps: cut at 9, some episodes end each way."""
     return Monitor(gym.make("CartPole-v1", max_episode_steps=9))
@@ -59,6 +57,37 @@ def slow_cartpole() -> gym.Env[Any, Any]:
     return Monitor(SlowCartPole(gym.make("CartPole-v1", max_episode_steps=20)))
 
 
+def five_step_cartpole() -> gym.Env[Any, Any]:
+    """Always pushed left, CartPole falls after 8-10 steps: cut at 5, every episode is truncated."""
+    return gym.make("CartPole-v1", max_episode_steps=5)
+
+
+class ConstantEnv(gym.Env[np.ndarray, int]):
+    """The same observation at every reset and step; episodes of 5 steps, truncated."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.full(3, 0.5, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.full(3, 0.5, np.float32), 1.0, False, self.t >= 5, {}
+
+
+def values_of(model: Any, obs: np.ndarray) -> np.ndarray:
+    """``V(obs)`` by the model's policy, computed as SB3's loop computes a truncation's terminal value."""
+    with th.no_grad():
+        return model.policy.predict_values(model.policy.obs_to_tensor(np.asarray(obs))[0]).cpu().numpy().reshape(-1)
+
+
 def pin_actions(model: Any) -> None:
     """Make the policy deterministic: action 0 with probability 1 - e^-60."""
     with th.no_grad():
@@ -69,13 +98,15 @@ def pin_actions(model: Any) -> None:
 class Recorder(BaseCallback):
     """Everything a callback sees, per step; stops at step ``stop_at`` if given."""
 
-    def __init__(self, stop_at: int | None = None, on_rollout: Any = None) -> None:
+    def __init__(self, stop_at: int | None = None, on_rollout: Any = None, on_end: Any = None) -> None:
         super().__init__()
         self.steps: list[dict[str, Any]] = []
         self.rollout_starts = 0
         self.rollout_ends = 0
         self.stop_at = stop_at
         self.on_rollout = on_rollout
+        self.on_end = on_end
+        self.buffers: list[dict[str, np.ndarray]] = []
 
     def _on_rollout_start(self) -> None:
         self.rollout_starts += 1
@@ -97,6 +128,10 @@ class Recorder(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         self.rollout_ends += 1
+        buf: Any = self.model.rollout_buffer  # as filled: training reshapes it afterwards
+        self.buffers.append({"actions": np.copy(buf.actions), "rewards": np.copy(buf.rewards)})
+        if self.on_end is not None:
+            self.on_end(self.rollout_ends)
 
 
 def train(cls: Any, env: Any, rollouts: int, callback: BaseCallback | None = None, **kw: Any) -> Any:
@@ -176,6 +211,55 @@ def test_seeded_daskppo_samples_the_same_actions(client2: Any) -> None:
     np.testing.assert_array_equal(runs[0].observations, runs[1].observations)
 
 
+def test_seeded_daskppo_groups_sample_streams_of_their_own(client2: Any) -> None:
+    """Every env sees the same observation at every step, so two groups drawing from one sampling
+    stream would sample the same action columns: they differ, and repeat run after run."""
+    runs = []
+    for _ in range(2):
+        with DaskVecEnv([ConstantEnv] * N_ENVS, client2, envs_per_actor=2) as env:
+            groups = [sorted(g["envs"]) for g in env.groups]
+            assert len(groups) == 2 and len({g["worker"] for g in env.groups}) == 2
+            cb = Recorder()
+            model = DaskPPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=3, device="cpu")
+            model.learn(16 * N_ENVS * 2, callback=cb)
+            runs.append(np.stack([b["actions"].reshape(16, N_ENVS) for b in cb.buffers]))  # (rollout, step, env)
+    first, second = runs
+    assert first.shape == (2, 16, N_ENVS) and 0 < first.mean() < 1  # sampled, not pinned
+    a, b = groups
+    for n in range(2):
+        assert not np.array_equal(first[n][:, a], first[n][:, b]), (
+            f"rollout {n + 1}: envs {a} and {b} sampled the same actions {first[n][:, a].T.tolist()}: "
+            "the groups share one sampling stream"
+        )
+    np.testing.assert_array_equal(first, second, err_msg="a seeded DaskPPO did not sample the same actions again")
+
+
+def test_every_truncation_comes_with_the_workers_value(client2: Any) -> None:
+    """The workers compute V(terminal observation) of every truncation they see: the client computes
+    none itself (its one value call per rollout is the last values, as in SB3's loop)."""
+    cb = Recorder()
+    calls: list[tuple[int, ...]] = []
+    with DaskVecEnv([five_step_cartpole] * N_ENVS, client2) as env:
+        model = DaskPPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=0, device="cpu")
+        pin_actions(model)
+        predict_values = model.policy.predict_values
+
+        def counted(obs: th.Tensor) -> th.Tensor:
+            if cb.rollout_starts > cb.rollout_ends:  # inside collect_rollouts
+                calls.append(tuple(obs.shape))
+            return predict_values(obs)
+
+        model.policy.predict_values = counted
+        model.learn(16 * N_ENVS * 2, callback=cb)
+        assert env.restart_log == []
+    truncations = sum(i.get("TimeLimit.truncated", False) for s in cb.steps for i in s["infos"])
+    assert truncations == 2 * 3 * N_ENVS  # episodes of 5 steps in 2 rollouts of 16
+    assert calls == [(N_ENVS, 4)] * 2, (
+        f"client-side value calls during the rollouts: {calls}; a truncation reached the learner without the "
+        "worker's terminal value"
+    )
+
+
 def test_on_step_false_stops_training(client2: Any) -> None:
     want_cb, got_cb = Recorder(stop_at=3), Recorder(stop_at=3)
     want = train(PPO, DummyVecEnv([short_cartpole] * N_ENVS), 4, want_cb)
@@ -188,6 +272,42 @@ def test_on_step_false_stops_training(client2: Any) -> None:
     assert got_cb.rollout_ends == want_cb.rollout_ends == 0
 
 
+class NormWitness(BaseCallback):
+    """Per rollout: the VecNormalize statistics at its start, the raw observations and rewards
+    (``get_original_obs``/``get_original_reward`` after each step), and at its end the buffer and
+    ``V(buffer observations)`` by the policy that collected it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollouts: list[dict[str, Any]] = []
+
+    def _on_rollout_start(self) -> None:
+        vn: Any = self.training_env
+        self.rollouts.append({
+            "obs_mean": np.copy(vn.obs_rms.mean), "obs_var": np.copy(vn.obs_rms.var),
+            "ret_var": np.copy(vn.ret_rms.var), "raw_obs": [vn.get_original_obs()], "raw_rewards": [],
+            "bootstrapped": [],
+        })  # fmt: skip
+
+    def _on_step(self) -> bool:
+        vn: Any = self.training_env
+        r = self.rollouts[-1]
+        r["raw_obs"].append(vn.get_original_obs())
+        r["raw_rewards"].append(vn.get_original_reward())
+        dones, infos = self.locals["dones"], self.locals["infos"]
+        r["bootstrapped"].append(
+            [bool(d and i.get("TimeLimit.truncated", False)) for d, i in zip(dones, infos, strict=True)]
+        )
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf: Any = self.model.rollout_buffer
+        r = self.rollouts[-1]
+        r["obs"], r["rewards"], r["values"] = np.copy(buf.observations), np.copy(buf.rewards), np.copy(buf.values)
+        flat = buf.observations.reshape(-1, *buf.observations.shape[2:])
+        r["v_of_obs"] = values_of(self.model, flat).reshape(buf.values.shape)
+
+
 def test_vecnormalize_and_vecmonitor(client2: Any) -> None:
     """Statistics updated from the raw data after each rollout equal SB3's; the buffer holds what the policy saw."""
     kw = {"gamma": 0.9}
@@ -196,15 +316,11 @@ def test_vecnormalize_and_vecmonitor(client2: Any) -> None:
         return VecNormalize(VecMonitor(venv), gamma=0.9)
 
     want = train(PPO, wrap(DummyVecEnv([bare_short_cartpole] * N_ENVS)), 2, **kw)
+    witness = NormWitness()
     with DaskVecEnv([bare_short_cartpole] * N_ENVS, client2) as venv, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         env = wrap(venv)
-        start = {}
-
-        def keep_stats(n: int) -> None:
-            start[n] = (np.copy(env.obs_rms.mean), np.copy(env.obs_rms.var), np.copy(env.ret_rms.var))
-
-        got = train(DaskPPO, env, 2, Recorder(on_rollout=keep_stats), **kw)
+        got = train(DaskPPO, env, 2, witness, **kw)
     assert not fallbacks(caught)
     w = want.get_env()
     for name in ("obs_rms", "ret_rms"):
@@ -213,12 +329,29 @@ def test_vecnormalize_and_vecmonitor(client2: Any) -> None:
         np.testing.assert_allclose(a.var, b.var, rtol=1e-10, err_msg=name)
         assert a.count == b.count
     assert [(e["r"], e["l"]) for e in got.ep_info_buffer] == [(e["r"], e["l"]) for e in want.ep_info_buffer]
-    # the last rollout's observations and rewards: normalised with the stats frozen at its start
-    mean, _, _ = start[2]
-    seen = got.rollout_buffer.observations
-    assert seen.shape == want.rollout_buffer.observations.shape
-    assert np.all(np.abs(seen) <= env.clip_obs)
-    assert not np.allclose(mean, env.obs_rms.mean)  # the stats did move during the rollout
+    # each rollout's observations and rewards: the raw ones normalised with the stats frozen at its start
+    assert len(witness.rollouts) == 2
+    for n, r in enumerate(witness.rollouts, 1):
+        scale = np.sqrt(r["obs_var"] + env.epsilon)
+        raw_obs = np.array(r["raw_obs"][:-1])  # the observation before each step
+        want_obs = np.clip((raw_obs - r["obs_mean"]) / scale, -env.clip_obs, env.clip_obs).astype(np.float32)
+        assert r["obs"].shape == want_obs.shape == (16, N_ENVS, 4)
+        np.testing.assert_allclose(r["obs"], want_obs, rtol=1e-6, atol=1e-7,
+                                   err_msg=f"rollout {n}: buffer observations are not the raw ones normalised "
+                                   "with the statistics frozen at the rollout's start")  # fmt: skip
+        raw_rewards = np.array(r["raw_rewards"])
+        want_rewards = np.clip(raw_rewards / np.sqrt(r["ret_var"] + env.epsilon), -env.clip_reward, env.clip_reward)
+        plain = ~np.array(r["bootstrapped"])  # a bootstrap row also holds gamma * V(terminal observation)
+        assert plain.any() and not plain.all()
+        np.testing.assert_allclose(r["rewards"][plain], want_rewards[plain].astype(np.float32), rtol=1e-6,
+                                   err_msg=f"rollout {n}: buffer rewards are not the raw ones normalised with "
+                                   "the return statistics frozen at the rollout's start")  # fmt: skip
+        # the workers' policy saw those normalised observations: its values are V(buffer observations)
+        np.testing.assert_allclose(r["values"], r["v_of_obs"], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"rollout {n}: the values are not V(normalised observations)")  # fmt: skip
+    # the stats moved during each rollout, so normalising with the running ones would differ
+    last = witness.rollouts[-1]
+    assert not np.allclose(last["obs_mean"], env.obs_rms.mean) and not np.isclose(last["ret_var"], env.ret_rms.var)
 
 
 def test_non_daskvec_env_is_plain_ppo() -> None:
@@ -258,7 +391,15 @@ def test_worker_killed_mid_rollout(dask_processes: Any) -> None:
                 timer.start()
                 killed["timer"] = timer
 
-        cb = Recorder(on_rollout=kill_during_second)
+        lost = sorted(victim["envs"])
+        ends: dict[str, Any] = {}
+
+        def values_at_end(n: int) -> None:
+            if n == 2:  # V by the policy that collected the rollout
+                ends["v_terminal"] = values_of(cb.model, cb.steps[31]["new_obs"][lost])  # the last obs seen
+                ends["v_reset"] = values_of(cb.model, cb.steps[32]["new_obs"][lost])  # the rebuilt envs' first
+
+        cb = Recorder(on_rollout=kill_during_second, on_end=values_at_end)
         model = train(DaskPPO, env, 4, cb, n_steps=32)
         killed["timer"].join()
         log = env.restart_log
@@ -278,3 +419,8 @@ def test_worker_killed_mid_rollout(dask_processes: Any) -> None:
             assert "daskvec" not in info
     # no other step reports a rebuild: the rest of the rollout was recollected, not cut
     assert all("daskvec" not in i for s in cb.steps[33:] for i in s["infos"])
+    # in the buffer, the lost envs' truncations are bootstrapped from their terminal observations
+    assert not np.isclose(ends["v_reset"], ends["v_terminal"], rtol=1e-4, atol=1e-6).any()  # the test tells them apart
+    rewards = cb.buffers[1]["rewards"][0]  # the second rollout's first step, bootstraps applied
+    np.testing.assert_allclose(rewards[lost], (model.gamma * ends["v_terminal"]).astype(np.float32), rtol=1e-6,
+                               err_msg="a lost env's reward is not 0 + gamma * V(terminal_observation)")  # fmt: skip

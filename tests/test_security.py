@@ -9,6 +9,7 @@ factories run on real worker processes: one hangs, one ends its process.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import ssl
 import time
@@ -22,9 +23,9 @@ import numpy as np
 import pytest
 
 from daskvec import DaskVecEnv, _dask
-from daskvec.cluster import security_reasons, uses_tls
+from daskvec.cluster import choose_transport, client_ssl_context, security_reasons, uses_tls
 from daskvec.errors import EnvBuildError, EnvBuildTimeoutError
-from daskvec.options import Options
+from daskvec.options import TRANSPORTS, Options
 
 
 def cartpole() -> gym.Env[Any, Any]:
@@ -91,6 +92,82 @@ def test_require_encryption_is_secured() -> None:
 def test_a_security_object_that_cannot_be_asked_counts_as_secured() -> None:
     reasons = security_reasons(stand_in("tcp://10.0.0.1:8786", BrokenSecurity()), worker_addresses=[])
     assert len(reasons) == 1 and "could not be asked" in reasons[0] and "certificate file missing" in reasons[0]
+
+
+# --------------------------------------------------------------------------- the transport chosen
+class ContextOnly:
+    """A security object with a client TLS context (what a TLS cluster's client has)."""
+
+    def get_connection_args(self, role: str) -> dict[str, Any]:
+        return {"ssl_context": ssl.create_default_context(), "require_encryption": False}
+
+
+@pytest.fixture
+def clusters(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Any, str]]:
+    """Stand-in clients, ``{name: (client, kind)}``, kind ``"plain"``, ``"context"`` or ``"no-context"``.
+
+    ``"context"``: a secured cluster whose client has a TLS context; ``"no-context"``: a
+    secured cluster whose client has none. The scheduler's worker list is each one's own.
+    """
+    from distributed.security import Security
+
+    tls, tcp = ["tls://10.0.0.2:4000"], ["tcp://10.0.0.2:4000"]
+    table = {
+        "plain": ("tcp://10.0.0.1:8786", Security(), tcp, "plain"),
+        "tls-scheduler-with-context": ("tls://10.0.0.1:8786", ContextOnly(), tls, "context"),
+        "gateway-with-context": ("gateway://proxy:443/c", GatewayLikeSecurity(), tls, "context"),
+        "tls-scheduler-no-context": ("tls://10.0.0.1:8786", Security(), tls, "no-context"),
+        "tls-workers-no-context": ("tcp://10.0.0.1:8786", Security(), tls, "no-context"),
+        "require-encryption-no-context": ("tcp://10.0.0.1:8786", Security(require_encryption=True), tcp, "no-context"),
+        "unaskable-security": ("tcp://10.0.0.1:8786", BrokenSecurity(), tcp, "no-context"),
+        "no-security-object": ("wss://somewhere:443", None, tcp, "no-context"),
+    }
+    clients = {name: (stand_in(address, security), kind) for name, (address, security, _, kind) in table.items()}
+    workers = {id(clients[name][0]): addresses for name, (_, _, addresses, _) in table.items()}
+    monkeypatch.setattr(_dask, "scheduler_workers", lambda client: {w: {} for w in workers[id(client)]})
+    return clients
+
+
+def test_secured_cluster_without_a_client_tls_context_uses_actor_calls(clusters: dict[str, tuple[Any, str]]) -> None:
+    """``"auto"`` falls back to actor calls, ``"direct"`` says what to pass, ``"actor"`` stays."""
+    for name, (client, kind) in clusters.items():
+        assert bool(security_reasons(client)) == (kind != "plain"), name
+        assert (client_ssl_context(client) is not None) == (kind == "context"), name
+        if kind != "no-context":
+            continue
+        chosen = choose_transport(client, "auto")
+        assert chosen == ("actor", False), (
+            f"{name}: transport='auto' without a client TLS context must fall back to actor calls, not {chosen}"
+        )
+        with pytest.raises(ValueError, match=r"transport='direct' needs TLS on this secured cluster .* no TLS context"):
+            choose_transport(client, "direct")
+        assert choose_transport(client, "actor") == ("actor", False), name
+
+
+def test_no_transport_choice_is_plaintext_on_a_secured_cluster_unasked(
+    clusters: dict[str, tuple[Any, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every transport on every kind of cluster: a plain direct channel only on a plain one, or when asked for."""
+    for name, (client, kind) in clusters.items():
+        for transport in TRANSPORTS:
+            where = f"{name} ({kind}), transport={transport!r}"
+            caplog.clear()
+            try:
+                with caplog.at_level(logging.WARNING, logger="daskvec"):
+                    chosen, encrypted = choose_transport(client, transport)
+            except ValueError:
+                assert (kind, transport) == ("no-context", "direct"), f"{where}: unexpected ValueError"
+                continue
+            assert (kind, transport) != ("no-context", "direct"), f"{where}: no ValueError but {chosen, encrypted}"
+            if kind == "plain":
+                assert (chosen, encrypted) == (transport, False), where
+            elif transport == "direct-insecure":  # asked for: allowed, with a warning
+                assert (chosen, encrypted) == ("direct-insecure", False), where
+                assert any("UNENCRYPTED" in r.getMessage() for r in caplog.records), f"{where}: no warning"
+            else:
+                assert chosen == "actor" or encrypted, f"{where}: a plaintext direct channel on a secured cluster"
+                expected = (transport, True) if kind == "context" and transport != "actor" else ("actor", False)
+                assert (chosen, encrypted) == expected, where
 
 
 # --------------------------------------------------------------------------- plain mistakes

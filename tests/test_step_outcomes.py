@@ -7,6 +7,7 @@ again, and its late reply is read as the next step's result.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,10 +15,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import assert_same
 
 from daskvec import DaskVecEnv
 from daskvec.cluster import scheduler_workers
-from daskvec.protocol import INFO_KEY
+from daskvec.protocol import INFO_KEY, StepReply
 
 
 class ScriptedEnv(gym.Env[np.ndarray, int]):
@@ -93,3 +95,97 @@ def test_env_error_and_timeout_in_one_step(dclient: Any, transport: str) -> None
         assert obs[:, 0].tolist() == [7, 2] and not dones.any()
     finally:
         env.close()
+
+
+# --------------------------------------------------------------------------- episode ends, compact replies
+class EndingEnv(gym.Env[np.ndarray, int]):
+    """Observation ``[steps since reset, env index, episodes]``; no infos, so replies travel compact.
+
+    ``script`` maps the env's step count (over its life) to how the episode ends then:
+    ``"terminated"`` or ``"truncated"``. The reward is ``index + steps since reset``.
+    """
+
+    def __init__(self, index: int, script: dict[int, str]) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.index, self.script = index, script
+        self.t = self.steps = self.episodes = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t, self.index, self.episodes], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        self.steps += 1
+        how = self.script.get(self.steps)
+        obs, reward = self._obs(), float(self.index + self.t)
+        if how is not None:
+            self.episodes += 1
+        return obs, reward, how == "terminated", how == "truncated", {}
+
+
+# step -> {env: how}; two groups of three envs (0-2, 3-5): the last env of a group often ends alone
+ENDINGS: dict[int, dict[int, str]] = {
+    2: {2: "terminated"},
+    3: {5: "truncated"},
+    4: {0: "terminated", 5: "terminated"},
+    5: {2: "truncated", 3: "truncated"},
+    6: {1: "terminated", 2: "terminated"},
+    8: {5: "terminated"},
+}
+
+
+def ending_fns() -> list[Any]:
+    scripts = [{step: ends[i] for step, ends in ENDINGS.items() if i in ends} for i in range(6)]
+    return [functools.partial(EndingEnv, i, scripts[i]) for i in range(6)]
+
+
+@pytest.mark.timeout(120)
+def test_episode_ends_on_the_compact_path(dclient: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Episodes that end (the last env of a group alone, among others) reach SB3's infos from compact replies.
+
+    The envs add no infos, so every step reply travels as a compact record; the result of
+    each step must equal DummyVecEnv's: dones, ``terminal_observation``,
+    ``TimeLimit.truncated``, reset infos.
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from daskvec.transport import codec
+
+    compact: list[Any] = []
+    real_decode_step = codec._decode_step
+
+    def spy(frames: Any) -> Any:
+        message = real_decode_step(frames)
+        compact.append(message)
+        return message
+
+    monkeypatch.setattr(codec, "_decode_step", spy)
+    reference = DummyVecEnv(ending_fns())
+    env = DaskVecEnv(ending_fns(), client=dclient, transport="direct", envs_per_actor=3, timeout=30)
+    try:
+        assert [g["envs"] for g in env.groups] == [[0, 1, 2], [3, 4, 5]]
+        assert_same(env.reset(), reference.reset(), "reset")
+        actions = np.zeros(6, dtype=np.int64)
+        for step in range(1, 10):
+            obs, rewards, dones, infos = env.step(actions)
+            want = reference.step(actions)
+            ends = ENDINGS.get(step, {})
+            assert dones.tolist() == [i in ends for i in range(6)], f"step {step}: dones {dones.tolist()}, ends {ends}"
+            for i, how in ends.items():
+                assert "terminal_observation" in infos[i], f"step {step}: env {i} ended ({how}) without one"
+                assert infos[i]["terminal_observation"][0] == want[3][i]["terminal_observation"][0] > 0
+                assert infos[i]["TimeLimit.truncated"] is (how == "truncated"), f"step {step}: env {i} {how}"
+                assert obs[i][0] == 0.0, f"step {step}: env {i} was not reset"
+            assert_same((obs, rewards, dones, infos), want, f"step {step}")
+            assert_same(env.reset_infos, reference.reset_infos, f"step {step} reset infos")
+        replies = [m for m in compact if isinstance(m, StepReply)]
+        assert len(replies) == 9 * 2, f"{len(replies)} of 18 step replies travelled compact"
+    finally:
+        env.close()
+        reference.close()

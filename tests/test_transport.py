@@ -156,6 +156,91 @@ def test_malformed_compact_messages_fail_clearly() -> None:
         decode([bytearray()])
 
 
+# --------------------------------------------------------------- compact replies: end flags
+def ended_reply(n: int, pos: int, how: str, masks: bool = False) -> StepReply:
+    """A compact step reply of ``n`` envs in which only env ``pos`` ends (``how``), as a group builds it."""
+    obs = np.arange(n * 2, dtype=np.float32).reshape(n, 2)
+    return StepReply(
+        obs,
+        np.linspace(0.5, 1.5, n),
+        np.arange(n) == pos if how == "terminated" else np.zeros(n, dtype=bool),
+        np.arange(n) == pos if how == "truncated" else np.zeros(n, dtype=bool),
+        final_obs={pos: np.full(2, -7.0, dtype=np.float32)},
+        reset_infos={pos: {}},
+        env_seconds=0.25,
+        masks=np.arange(n * 3).reshape(n, 3) % 2 == 0 if masks else None,
+    )
+
+
+@pytest.mark.parametrize("masks", [False, True], ids=["no-masks", "masks"])
+@pytest.mark.parametrize("how", ["terminated", "truncated"])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_compact_reply_in_which_only_the_last_env_ends(n: int, how: str, masks: bool) -> None:
+    """The last env's flag byte alone says that a step was not quiet: it must not be skipped."""
+    reply = ended_reply(n, n - 1, how, masks)
+    frames = encode(reply)
+    assert memoryview(frames[1])[0] == (0x03 if masks else 0x02)  # compact, not a pickle
+    for got in (decode(wire(frames)), unpack(pack(reply))):
+        assert isinstance(got, StepReply)
+        expected = [i == n - 1 for i in range(n)]
+        assert getattr(got, how).tolist() == expected, f"the last env's {how} flag was lost: {getattr(got, how)}"
+        assert sorted(got.final_obs) == [n - 1], f"the last env's final observation was lost: {got.final_obs}"
+        np.testing.assert_array_equal(got.final_obs[n - 1], np.full(2, -7.0, dtype=np.float32))
+        assert got.reset_infos == {n - 1: {}}, f"the last env's reset was lost: {got.reset_infos}"
+        assert same(got, reply)
+
+
+def random_step_reply(rng: np.random.Generator) -> StepReply:
+    """A step reply that fits the compact form, with random end flags, final observations and resets."""
+    n = int(rng.integers(1, 10))
+    row_shape = [(1,), (3,), (2, 2), (32, 32, 3)][int(rng.integers(4))]  # the last one travels out of band
+    dtype = np.dtype([np.float32, np.float64, np.uint8, np.int64][int(rng.integers(4))])
+    obs = rng.integers(0, 200, size=(n, *row_shape)).astype(dtype)
+    terminated = rng.random(n) < 0.25
+    truncated = rng.random(n) < 0.2
+    ended = terminated | truncated
+    # a group sends a final observation and a reset for each env that ended (and for an env it
+    # restarted); the codec takes each flag on its own, so any mix is drawn
+    final_at = [i for i in range(n) if (ended[i] and rng.random() < 0.9) or rng.random() < 0.05]
+    reset_at = [i for i in range(n) if (ended[i] and rng.random() < 0.9) or rng.random() < 0.05]
+    masks = rng.random((n, int(rng.integers(1, 5)))) < 0.5 if rng.random() < 0.3 else None
+    return StepReply(
+        obs,
+        rng.standard_normal(n) * 10,
+        terminated,
+        truncated,
+        final_obs={i: rng.integers(0, 200, size=row_shape).astype(dtype) for i in final_at},
+        reset_infos={i: {} for i in reset_at},
+        env_seconds=float(rng.random()),
+        masks=masks,
+    )
+
+
+def test_random_compact_step_replies_round_trip() -> None:
+    """300 seeded random replies (1-9 envs, any end flags): every field comes back equal."""
+    rng = np.random.default_rng(24)
+    lone_last = 0
+    for k in range(300):
+        reply = random_step_reply(rng)
+        n = len(reply.rewards)
+        flags = (reply.terminated | reply.truncated).tolist()
+        lone_last += n > 1 and flags[-1] and not any(flags[:-1])
+        frames = encode(reply)
+        assert memoryview(frames[1])[0] in (0x02, 0x03), f"reply {k} was not sent compact"
+        for how, got in (("socket", decode(wire(frames))), ("actor", unpack(pack(reply)))):
+            where = (
+                f"reply {k} ({how}, {n} envs, terminated {reply.terminated.tolist()}, "
+                f"truncated {reply.truncated.tolist()}, final obs {sorted(reply.final_obs)})"
+            )
+            assert isinstance(got, StepReply), where
+            assert got.terminated.tolist() == reply.terminated.tolist(), f"{where}: terminated {got.terminated}"
+            assert got.truncated.tolist() == reply.truncated.tolist(), f"{where}: truncated {got.truncated}"
+            assert sorted(got.final_obs) == sorted(reply.final_obs), f"{where}: final obs of {sorted(got.final_obs)}"
+            assert sorted(got.reset_infos) == sorted(reply.reset_infos), f"{where}: resets {sorted(got.reset_infos)}"
+            assert same(got, reply), f"{where}: a field differs"
+    assert lone_last >= 10  # the draw covers steps in which only the last env ends
+
+
 @pytest.mark.parametrize("family", ["tcp", "unix"])
 def test_both_sockets_carry_arrays(server: ChannelServer, family: str) -> None:
     assert server.unix_path is not None
