@@ -124,7 +124,7 @@ def clusters(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Any, str]]:
     }
     clients = {name: (stand_in(address, security), kind) for name, (address, security, _, kind) in table.items()}
     workers = {id(clients[name][0]): addresses for name, (_, _, addresses, _) in table.items()}
-    monkeypatch.setattr(_dask, "scheduler_workers", lambda client: {w: {} for w in workers[id(client)]})
+    monkeypatch.setattr(_dask, "scheduler_workers", lambda client, timeout=30.0: {w: {} for w in workers[id(client)]})
     return clients
 
 
