@@ -17,6 +17,7 @@ this process, whose workers' figures the Prometheus collector reports).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 from daskvec.errors import SchedulerLostError
@@ -34,12 +35,27 @@ __all__ = [
 ]
 
 
+#: The last scheduler address each client was seen with: a client that has lost its
+#: scheduler drops the RPC object that knows the address, and the error must name it.
+_ADDRESSES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def scheduler_address(client: Any) -> str:
-    """The address of ``client``'s scheduler, for messages (``""`` if it cannot be told)."""
+    """The address of ``client``'s scheduler, for messages (``""`` if it was never known).
+
+    Remembered per client while it is connected: call it once then, so that an error
+    raised after the scheduler is gone can still name it.
+    """
     try:
-        return str(client.scheduler.address or "")
+        address = str(client.scheduler.address or "")
     except Exception:  # the client dropped its RPC object after losing the scheduler
-        return ""
+        address = ""
+    with contextlib.suppress(TypeError):  # a stand-in client that takes no weak reference
+        if address:
+            _ADDRESSES[client] = address
+        else:
+            address = _ADDRESSES.get(client, "")
+    return address
 
 
 def scheduler_workers(client: Any, timeout: float = 30.0) -> dict[str, Any]:

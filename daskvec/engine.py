@@ -105,6 +105,7 @@ class Engine:
             client, connect_timeout=min(options.timeout, 30.0), cluster_kwargs=cluster_kwargs
         )
         self.client = self.resolved.client
+        _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
         self.pool: GroupPool | None = None
         try:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport)
@@ -131,9 +132,9 @@ class Engine:
         """The envs' spaces, after checking that every env has those of env 0."""
         assert self.pool is not None
         first = self.pool.groups[0].desc
-        obs0, act0 = first["observation_space"], first["action_space"]
+        obs0, act0 = first.observation_space, first.action_space
         for g in self.pool.groups:
-            for pos, (o, a) in enumerate(zip(g.desc["observation_spaces"], g.desc["action_spaces"], strict=True)):
+            for pos, (o, a) in enumerate(zip(g.desc.observation_spaces, g.desc.action_spaces, strict=True)):
                 if o != obs0 or a != act0:
                     raise ValueError(
                         f"env {g.env_indices[pos]} has observation space {o} and action space {a}, but env 0 has "

@@ -29,7 +29,7 @@ from daskvec import cluster as _cluster
 from daskvec.directory import Layout, WorkerDirectory
 from daskvec.errors import DaskVecEnvError, EnvBuildError, SchedulerLostError, WorkerLostError
 from daskvec.options import Options
-from daskvec.protocol import Command, RemoteError, StepReply
+from daskvec.protocol import GROUP_KEY_PREFIX, Command, GroupDesc, GroupSpec, RemoteError, StepReply
 from daskvec.transport import (
     ActorChannel,
     Channel,
@@ -71,7 +71,7 @@ class Group:
         The vec-env indices of its envs, in order.
     worker : str
         Address of the worker holding it.
-    desc : dict
+    desc : GroupDesc
         What the group said about itself when created (spaces, deadline, pids, ...).
     index : slice or numpy.ndarray
         Its rows in the vec env's buffers.
@@ -83,7 +83,7 @@ class Group:
     future: Any
     actor: Any
     channel: Channel
-    desc: dict[str, Any]
+    desc: GroupDesc
     index: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,12 +96,12 @@ class Group:
     @property
     def deadline(self) -> float | None:
         """When the group's worker is expected to leave (epoch seconds), if known."""
-        return self.desc.get("deadline")
+        return self.desc.deadline
 
     @property
     def env_pid(self) -> int | None:
         """Id of the process stepping the envs (the env process, or the worker's own)."""
-        return self.desc.get("env_pid", self.desc.get("pid"))
+        return self.desc.pid if self.desc.env_pid is None else self.desc.env_pid
 
     @property
     def transport(self) -> str:
@@ -315,26 +315,25 @@ class GroupPool:
 
     def _submit(self, indices: list[int], worker: str, history: RestartHistory) -> tuple[Any, ...]:
         token = secrets.token_bytes(32) if self.transport != "actor" else None
-        key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
-        options: dict[str, Any] = {
-            "busy_poll": self.options.busy_poll,
-            "rebuilds": [int(history.restart_counts[i]) for i in indices],
-            "base_seeds": [history.base_seeds[i] for i in indices],
-            "send_masks": self.options.cache_action_masks,
-            "autoreset": self.autoreset,
-        }
-        options["build_timeout"] = self.options.timeout  # the worker gives up first (_BUILD_MARGIN)
-        if self.options.encrypted:  # issue 15: the group's TCP channel speaks TLS
-            options["tls"] = True
+        key = f"{GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
+        spec = GroupSpec(
+            env_indices=tuple(indices),
+            token=token,
+            on_env_error=self.options.on_env_error,
+            max_restarts=self.options.max_restarts,
+            error_restarts=tuple(int(history.error_restarts[i]) for i in indices),
+            rebuilds=tuple(int(history.restart_counts[i]) for i in indices),
+            base_seeds=tuple(history.base_seeds[i] for i in indices),
+            busy_poll=self.options.busy_poll,
+            send_masks=self.options.cache_action_masks,
+            autoreset=self.autoreset,
+            tls=self.options.encrypted,  # the group's TCP channel speaks TLS
+            build_timeout=self.options.timeout,  # the worker gives up first (_BUILD_MARGIN)
+        )
         fut = self.client.submit(
             EnvHost if self.options.env_process else EnvGroup,
             _cluster.dumps_factories(self.env_fns, indices),
-            indices,
-            token,
-            self.options.on_env_error,
-            self.options.max_restarts,
-            [int(history.error_restarts[i]) for i in indices],
-            **options,
+            spec,
             actor=True,
             workers=[worker],
             allow_other_workers=False,
@@ -352,7 +351,7 @@ class GroupPool:
         with self.client.as_current():
             actor = self._await_actor(fut, worker, timeout)
         desc = actor.describe().result(timeout=timeout)
-        group = Group(key, list(indices), desc["worker"], fut, actor, self._channel(actor, desc, token), desc)
+        group = Group(key, list(indices), desc.worker, fut, actor, self._channel(actor, desc, token), desc)
         self.directory.learn_deadline(group.worker, group.deadline)
         self._warn_profiler(desc)
         self.groups.append(group)
@@ -375,36 +374,36 @@ class GroupPool:
             if not self.directory.alive(worker):
                 raise OSError(f"worker {worker} left before the env group was created on it")
 
-    def _channel(self, actor: Any, desc: dict[str, Any], token: bytes | None) -> Channel:
-        if self.transport == "actor" or token is None or desc.get("address") is None:
+    def _channel(self, actor: Any, desc: GroupDesc, token: bytes | None) -> Channel:
+        if self.transport == "actor" or token is None or desc.address is None:
             return ActorChannel(actor)
         timeout = min(self.options.timeout, 5.0)
-        secured_worker = _cluster.address_scheme(str(desc["worker"])) not in _cluster.PLAIN_SCHEMES
+        secured_worker = _cluster.address_scheme(str(desc.worker)) not in _cluster.PLAIN_SCHEMES
         if secured_worker and not self.options.encrypted and self.transport != "direct-insecure":
             # a secured worker joined a cluster that looked plain: never plaintext to it unasked
-            logger.warning("worker %s is secured; using Dask actor calls for its envs", desc["worker"])
+            logger.warning("worker %s is secured; using Dask actor calls for its envs", desc.worker)
             return ActorChannel(actor)
         ssl_context = _cluster.client_ssl_context(self.client) if self.options.encrypted else None
-        if ssl_context is None and desc.get("unix_path") and desc.get("machine") == machine_id():
+        if ssl_context is None and desc.unix_path and desc.machine == machine_id():
             try:
-                return DirectChannel(desc["unix_path"], token, connect_timeout=timeout)
+                return DirectChannel(desc.unix_path, token, connect_timeout=timeout)
             except ChannelError as e:  # e.g. a container that shares the host name, not the files
-                logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc["worker"], e)
+                logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc.worker, e)
         try:
-            return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout, ssl_context=ssl_context)
+            return DirectChannel(tuple(desc.address), token, connect_timeout=timeout, ssl_context=ssl_context)
         except ChannelError as e:
             if self.transport in ("direct", "direct-insecure"):
                 raise DaskVecEnvError(
-                    f"cannot open a direct channel to the env group on {desc['worker']} ({e}); "
+                    f"cannot open a direct channel to the env group on {desc.worker} ({e}); "
                     "use transport='auto' to fall back to Dask actor calls"
                 ) from e
-            logger.warning("direct channel to %s unavailable (%s); using Dask actor calls", desc["worker"], e)
+            logger.warning("direct channel to %s unavailable (%s); using Dask actor calls", desc.worker, e)
             return ActorChannel(actor)
 
-    def _warn_profiler(self, desc: dict[str, Any]) -> None:
+    def _warn_profiler(self, desc: GroupDesc) -> None:
         """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``)."""
-        worker = desc["worker"]
-        if not desc.get("profiler_hazard") or worker in self._profiler_warned:
+        worker = desc.worker
+        if not desc.profiler_hazard or worker in self._profiler_warned:
             return
         self._profiler_warned.add(worker)
         logger.warning(
@@ -425,7 +424,7 @@ class GroupPool:
         worker itself (a plain ``Client.run``, which does not queue behind actor calls).
         """
         bound = min(self.options.timeout, 10.0)
-        doomed = [(g.worker, g.desc["env_pid"]) for g in groups if "env_pid" in g.desc] if not graceful else []
+        doomed = [(g.worker, g.desc.env_pid) for g in groups if g.desc.env_pid is not None] if not graceful else []
         if doomed:
             with contextlib.suppress(Exception):
                 alive = _cluster.scheduler_workers(self.client, bound)

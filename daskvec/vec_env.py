@@ -513,8 +513,8 @@ class DaskVecEnv(VecEnv):
                 "key": g.gid,
                 "deadline": g.deadline,
                 "env_pid": g.env_pid,
-                "pid": g.desc.get("pid"),
-                "busy_poll": g.desc.get("busy_poll"),
+                "pid": g.desc.pid,
+                "busy_poll": g.desc.busy_poll,
             }
             for g in self._groups
         ]

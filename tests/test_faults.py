@@ -68,7 +68,7 @@ def group_pids(env: DaskVecEnv) -> dict[int, list[int]]:
     """Process id of the worker holding each group -> env indices held there."""
     out: dict[int, list[int]] = {}
     for g in env._groups:
-        out.setdefault(g.desc["pid"], []).extend(g.env_indices)
+        out.setdefault(g.desc.pid, []).extend(g.env_indices)
     return out
 
 

@@ -30,7 +30,7 @@ from envs import CountingEnv
 from test_transport import COMPACT, PICKLED, read_to_end, recv_exact, wire
 
 from daskvec.cluster import dumps_factories
-from daskvec.protocol import Command, RemoteError, StepReply
+from daskvec.protocol import Command, GroupSpec, RemoteError, StepReply
 from daskvec.transport import ChannelError, ChannelServer, DirectChannel, ProtocolError, decode, encode, pack, unpack
 from daskvec.transport.wire import recv_frames
 from daskvec.worker import EnvGroup
@@ -296,10 +296,10 @@ def test_fd_exhaustion_in_a_worker_does_not_stop_its_accept_loop(dask_processes:
     token = secrets.token_bytes(32)
     factories = dumps_factories([functools.partial(CountingEnv, horizon=1000)], [0])
     with Client(procs.address, timeout=30, set_as_default=False) as client:
-        fut = client.submit(EnvGroup, factories, [0], token, actor=True, pure=False)
+        fut = client.submit(EnvGroup, factories, GroupSpec((0,), token), actor=True, pure=False)
         with client.as_current():
             actor = fut.result(timeout=60)
-            address = tuple(actor.describe().result(timeout=60)["address"])
+            address = tuple(actor.describe().result(timeout=60).address)
         established = DirectChannel(address, token, connect_timeout=30)
         established.send((Command.RESET, ([0], [None])))
         established.recv(30)

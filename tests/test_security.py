@@ -263,13 +263,14 @@ def test_an_env_process_does_not_outlive_its_worker_during_a_build(dask_processe
     from distributed import Client
 
     from daskvec.cluster import dumps_factories
+    from daskvec.protocol import GroupSpec
     from daskvec.worker import EnvHost
 
     procs = dask_processes(1)
     (worker,) = procs.workers
     factories = dumps_factories([functools.partial(_wait_for_file, release)], [0])
     with Client(procs.address, timeout=30, set_as_default=False) as client:
-        client.submit(EnvHost, factories, [0], None, build_timeout=120, actor=True, pure=False)
+        client.submit(EnvHost, factories, GroupSpec((0,), build_timeout=120), actor=True, pure=False)
         building: list[psutil.Process] = []
 
         def env_process_started() -> bool:
@@ -305,13 +306,14 @@ def test_a_secured_worker_joining_a_plain_looking_cluster_gets_no_plaintext_unas
 ) -> None:
     """The pool's choice per group: a ``tls://`` worker gets actor calls unless plaintext was asked for."""
     from daskvec.pool import GroupPool
+    from daskvec.protocol import GroupDesc
     from daskvec.transport import ChannelServer
 
     token = b"k" * 32
     server = ChannelServer("127.0.0.1", token, lambda r: r, name="joiner", unix_dir=None)
     try:
         pool = GroupPool(None, [cartpole], Options.create(transport=transport), directory=None)  # type: ignore[arg-type]
-        desc = {"worker": "tls://10.0.0.9:4000", "address": server.address, "unix_path": None, "machine": "elsewhere"}
+        desc = GroupDesc("tls://10.0.0.9:4000", 1, "elsewhere", (), (), address=tuple(server.address))
         channel = pool._channel(SimpleNamespace(), desc, token)
         assert channel.kind == kind
         channel.close()
