@@ -120,9 +120,9 @@ class ChannelServer:
     waited longest among those of the busiest peer address, so no rate of fresh
     connections keeps a right client out, and a flood from one address pushes out only
     its own. The accept loop outlives any error (no descriptor left, ``EMFILE``,
-    included): it backs off, logs once per burst and goes on. A malformed message ends its connection with
-    one log line; no thread dies with a traceback. Repeated log lines of one kind are
-    rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`).
+    included): it backs off, logs once per burst and goes on. A malformed message ends
+    its connection with one log line; no thread dies with a traceback. Repeated log
+    lines of one kind are rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`).
 
     Parameters
     ----------
