@@ -327,3 +327,38 @@ def test_a_factory_that_ends_its_env_process_is_named_at_once(client2: Any) -> N
         DaskVecEnv([_exit_now], client=client2, timeout=60, env_process=True)
     assert any("factory _exit_now" in note for note in getattr(info.value, "__notes__", []))
     assert len(client2.scheduler_info()["workers"]) == 2  # only the env process died
+
+
+# --------------------------------------------------------------------------- the trust model
+def test_another_client_of_the_cluster_can_drive_a_group(dclient: Any, client2: Any) -> None:
+    """docs/security.md: the token keeps out strangers who reach the port, not the cluster's other clients."""
+    from distributed import Actor
+
+    from daskvec.protocol import Command, StepReply
+    from daskvec.transport import DirectChannel, pack, unpack
+    from daskvec.worker import EnvGroup
+
+    env = DaskVecEnv([cartpole, cartpole], client=dclient, envs_per_actor=2, transport="direct")
+    try:
+        env.reset()
+        key, worker = env.groups[0]["key"], env.groups[0]["worker"]
+
+        def task_arguments(dask_scheduler: Any, key: str = key) -> list[Any]:
+            return list(dask_scheduler.tasks[key].run_spec.args)
+
+        # the scheduler holds the token among the arguments of the group's task
+        tokens = [a for a in client2.run_on_scheduler(task_arguments) if isinstance(a, bytes) and len(a) == 32]
+        assert len(tokens) == 1, "no 32-byte token among the group task's arguments"
+        step = (Command.STEP, (np.zeros(2, dtype=np.int64),))
+        with client2.as_current():
+            actor = Actor(EnvGroup, worker, key)
+            address = tuple(actor.describe().result(timeout=30)["address"])
+            assert isinstance(unpack(actor.handle(pack(step)).result(timeout=30)), StepReply)  # no token asked
+        channel = DirectChannel(address, tokens[0], connect_timeout=10)
+        try:
+            channel.send(step)
+            assert isinstance(channel.recv(10), StepReply)
+        finally:
+            channel.close()
+    finally:
+        env.close()

@@ -43,6 +43,8 @@ from daskvec.protocol import (
     restart_seed,
 )
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
+from daskvec.transport.server import LOG_INTERVAL
+from daskvec.transport.wire import RateLimitedLog
 from daskvec.worker import probes
 from daskvec.worker.envs import (
     EnvFailure,
@@ -60,6 +62,10 @@ from daskvec.worker.reaper import queue_release, start_reaper
 from daskvec.worker.rollout import run_rollout
 
 logger = logging.getLogger(__name__)
+#: An env that fails at every step is restarted at every step: one warning per restart
+#: would flood the worker's log (the restarts are counted in the replies and the
+#: dashboard anyway), so restart warnings go out at most once per interval per process.
+_restart_log = RateLimitedLog(logger, LOG_INTERVAL)
 
 __all__ = ["WORKER_DIRECTORY", "EnvGroup", "factory_name", "obs_shape", "stack_obs"]
 
@@ -335,7 +341,10 @@ class EnvGroup:
             )
             err.__cause__ = exc
             raise self._fail(pos, err)
-        logger.warning("env %d raised %s: %s; rebuilding it (restart %d)", index, type(exc).__name__, exc, count)
+        _restart_log(
+            "restart", logging.WARNING,
+            "env %d raised %s: %s; rebuilding it (restart %d)", index, type(exc).__name__, exc, count,
+        )  # fmt: skip
         try:
             self.envs[pos].close()
         except Exception:
