@@ -58,7 +58,7 @@ from daskvec.worker.envs import (
     stack_obs,
     wrapper_attr,
 )
-from daskvec.worker.reaper import queue_release, start_reaper
+from daskvec.worker.reaper import Release
 from daskvec.worker.rollout import run_rollout
 
 logger = logging.getLogger(__name__)
@@ -167,14 +167,13 @@ class EnvGroup:
                 busy_poll=self.busy_poll or 0.0,
                 ssl_context=ssl_context,
             )
-        # Closes the channel and the envs once: from shutdown(), or when the group is
-        # garbage collected because Dask dropped the actor without a shutdown (its client
-        # died, e.g. a notebook kernel killed mid-run). Without it the envs, the sockets
-        # and the listening threads of such a group would stay on the worker for good.
-        self._release_job = functools.partial(_release_group, self._server, self.envs, self.stats, self.worker_address)
-        start_reaper()
-        self._finalizer = weakref.finalize(self, queue_release, self._release_job)
-        self._finalizer.atexit = False
+        # Closes the channel and the envs once: from shutdown(), or when Dask dropped the
+        # actor without one (the client gave the group up after a timeout, or died), or
+        # when the group is garbage collected. Without it the envs, the sockets and the
+        # listening threads of such a group would stay on the worker for good.
+        self._release = Release(
+            self, functools.partial(_release_group, self._server, self.envs, self.stats, self.worker_address)
+        )
         self._commands: dict[str, Callable[..., Any]] = {
             Command.STEP: self.step,
             Command.RESET: self.reset,
@@ -190,6 +189,7 @@ class EnvGroup:
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
             Command.ROLLOUT: self.rollout,  # issue 13
         }
+        self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
 
     # ---------------------------------------------------------------- lifecycle
     def _build_in_thread(self, timeout: float) -> list[gym.Env[Any, Any]]:
@@ -290,8 +290,27 @@ class EnvGroup:
             if self._closed:
                 return False
             self._closed = True
-        if self._finalizer.detach() is not None:  # not released by the collector already
-            self._release_job()
+        self._release.now()  # unless the reaper released the group already
+        return True
+
+    def release_dropped(self) -> bool:
+        """Release the group as :meth:`shutdown` does, without waiting for a call in progress.
+
+        The reaper calls this once Dask dropped the actor without a shutdown: nobody
+        will call the group again. Its channel closes at once; its envs close when no
+        call is running (one that hung keeps them until it returns). Returns ``False``
+        while a call runs: the reaper asks again later.
+        """
+        if self._server is not None:
+            self._server.close()
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._closed = True
+        finally:
+            self._lock.release()
+        if self._release.now():
+            logger.info("%r: Dask dropped the actor without a shutdown; its envs and channel are closed", self)
         return True
 
     # ---------------------------------------------------------------- dispatch
@@ -581,7 +600,7 @@ def _close_envs(envs: Sequence[gym.Env[Any, Any]], where: str) -> None:
 def _release_group(
     server: ChannelServer | None, envs: list[gym.Env[Any, Any]], stats: metrics.GroupStats, where: str
 ) -> None:
-    """Close what an :class:`EnvGroup` holds (its finalizer: must not refer to the group)."""
+    """Close what an :class:`EnvGroup` holds (its :class:`Release` job: must not refer to the group)."""
     if server is not None:
         server.close()
     _close_envs(envs, where)

@@ -35,7 +35,7 @@ from daskvec.protocol import Command, GroupDesc, GroupSpec, RemoteError
 from daskvec.transport import ChannelError, DirectChannel, pack, unpack
 from daskvec.worker import probes
 from daskvec.worker.group import EnvGroup
-from daskvec.worker.reaper import queue_release, start_reaper
+from daskvec.worker.reaper import Release
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +99,11 @@ class EnvHost:
             },
             "sys_path": list(sys.path),
         }
-        start_reaper()
         self._proc, desc = _start_env_process(config, self.env_indices, build_timeout)
-        # released without shutdown() (a lost or hung group is dropped by the client): stop it then
-        self._finalizer = weakref.finalize(self, _stop_env_process, self._proc, False)
+        # stops the env process once: from shutdown(), or when Dask dropped the actor
+        # without one (the client gave the group up after a timeout, or died), or when
+        # the actor is garbage collected
+        self._release = Release(self, functools.partial(_stop_env_process, self._proc))
         try:
             address = desc.unix_path or tuple(desc.address or ())  # same machine: Unix if it has one
             link_tls = None
@@ -111,7 +112,7 @@ class EnvHost:
             self._channel = DirectChannel(address, local_token, connect_timeout=10.0, ssl_context=link_tls)
             self._stats_channel = DirectChannel(address, local_token, connect_timeout=10.0, ssl_context=link_tls)
         except BaseException:
-            self._finalizer()
+            self._release.now()
             raise
         self._desc = dataclasses.replace(
             desc,
@@ -127,6 +128,7 @@ class EnvHost:
         metrics.install_worker_metrics(worker, self.stats)
         poller = threading.Thread(target=_poll_stats, args=(weakref.ref(self),), name="daskvec-env-stats", daemon=True)
         poller.start()
+        self._release.watch(worker, probes.actor_key(worker))  # last: release_dropped may run now
 
     def describe(self) -> GroupDesc:
         """As :meth:`EnvGroup.describe`, with ``env_pid``, the env process's id."""
@@ -170,9 +172,23 @@ class EnvHost:
         self._refresh_stats(timeout=1.0)  # the counters keep what the envs did last
         self._channel.close()
         self._stats_channel.close()
-        self._finalizer.detach()
-        _stop_env_process(self._proc, wait=True)
+        self._release.now()
         metrics.forget(self.stats)
+        return True
+
+    def release_dropped(self) -> bool:
+        """Stop the env process as :meth:`shutdown` does, without waiting for a call in progress.
+
+        The reaper calls this once Dask dropped the actor without a shutdown: nobody
+        will call it again. A call forwarded to a hung env process ends when its
+        channel closes, so nothing here waits for the lock.
+        """
+        self._closed = True
+        self._channel.close()
+        self._stats_channel.close()
+        if self._release.now():
+            metrics.forget(self.stats)
+            logger.info("%r: Dask dropped the actor without a shutdown; its env process is stopped", self)
         return True
 
     def __repr__(self) -> str:
@@ -252,23 +268,11 @@ def _read_message(fd: int, timeout: float) -> bytes | None:
     return buf[8:need]
 
 
-def _stop_env_process(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
-    """Ask the env process to stop (its stdin closes), then kill it if it does not.
-
-    With ``wait=False`` (the actor was released, possibly on the worker's event loop
-    or inside the garbage collector) the waiting and killing happen on the reaper
-    thread.
-    """
+def _stop_env_process(proc: subprocess.Popen[bytes]) -> None:
+    """Ask the env process to stop (its stdin closes), then kill it if it does not."""
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
-    if not wait:  # possibly inside the garbage collector: no thread starts here
-        queue_release(functools.partial(_reap, proc))
-    else:
-        _reap(proc)
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(timeout=_STOP_GRACE_S)
     except subprocess.TimeoutExpired:
