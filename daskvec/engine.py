@@ -29,6 +29,7 @@ import numpy as np
 
 from daskvec import _dask
 from daskvec import cluster as _cluster
+from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.directory import WorkerDirectory
 from daskvec.errors import DaskVecEnvError, SchedulerLostError, WorkerLostError
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
@@ -39,7 +40,7 @@ from daskvec.recovery import Rebuild, Recovery, RestartLedger
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "LostHandler", "Sink"]
+__all__ = ["Engine", "EngineViews", "LostHandler", "Sink"]
 
 #: Seconds between two reports of the vec env's figures to the dashboard.
 _STATS_INTERVAL = 2.0
@@ -395,3 +396,51 @@ class Engine:
             f"{self.n_envs} envs in {len(self.pool.groups)} groups over {len(self.pool.load())} workers "
             f"({self.pool.summary()} transport)"
         )
+
+
+class EngineViews:
+    """What every face shows of its engine: restarts, transport, dashboard links (a mixin)."""
+
+    _engine: Engine
+
+    @property
+    def restart_counts(self) -> np.ndarray:
+        """How many times each env was rebuilt (lost worker, hang, move or env error)."""
+        return self._engine.ledger.restart_counts
+
+    @property
+    def error_restarts(self) -> np.ndarray:
+        """How many of each env's rebuilds were caused by its own exceptions."""
+        return self._engine.ledger.error_restarts
+
+    @property
+    def restart_log(self) -> list[dict[str, Any]]:
+        """One entry per rebuilt env: index, reason, worker, step."""
+        return self._engine.ledger.log
+
+    @property
+    def transport(self) -> str:
+        """The transport in use: ``"auto"``, ``"direct"``, ``"actor"`` (also on a secured cluster
+        without a client TLS context) or ``"direct-insecure"``; see :meth:`transport_summary`
+        and :attr:`encrypted`."""
+        return self._engine.options.transport
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the direct channels are TLS (a secured cluster; see docs/security.md)."""
+        return self._engine.options.encrypted
+
+    def transport_summary(self) -> str:
+        """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
+        return "" if self._engine.closed or self._engine.pool is None else self._engine.pool.summary()
+
+    @property
+    def dashboard(self) -> DashboardLinks:
+        """The dashboard links of the cluster, checked now: only pages its scheduler serves, and why not."""
+        return check_dashboard(self._engine.client)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """Link to the Dask dashboard of the cluster holding the envs; ``None`` (and
+        :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
+        return self.dashboard.status

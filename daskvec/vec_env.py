@@ -29,9 +29,8 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from daskvec.buffers import StepBuffers
-from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.display import notebook_html
-from daskvec.engine import Engine
+from daskvec.engine import Engine, EngineViews
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError, NoAsyncCallError
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
@@ -74,7 +73,7 @@ class _Sink:
             self.masks.take(r.group.env_indices, r.reply.masks)
 
 
-class DaskVecEnv(VecEnv):
+class DaskVecEnv(EngineViews, VecEnv):
     """A vectorized environment whose envs live as Dask actors on a cluster.
 
     A drop-in replacement for ``SubprocVecEnv``: the same step, reset, seeding and
@@ -464,37 +463,6 @@ class DaskVecEnv(VecEnv):
         return moved
 
     @property
-    def restart_counts(self) -> np.ndarray:
-        """How many times each env was rebuilt (lost worker, hang, move or env error)."""
-        return self._engine.ledger.restart_counts
-
-    @property
-    def error_restarts(self) -> np.ndarray:
-        """How many of each env's rebuilds were caused by its own exceptions."""
-        return self._engine.ledger.error_restarts
-
-    @property
-    def restart_log(self) -> list[dict[str, Any]]:
-        """One entry per rebuilt env: index, reason, worker, step."""
-        return self._engine.ledger.log
-
-    @property
-    def transport(self) -> str:
-        """The transport in use: ``"auto"``, ``"direct"``, ``"actor"`` (also on a secured cluster
-        without a client TLS context) or ``"direct-insecure"``; see :meth:`transport_summary`
-        and :attr:`encrypted`."""
-        return self.options.transport
-
-    @property
-    def encrypted(self) -> bool:
-        """Whether the direct channels are TLS (a secured cluster; see docs/security.md)."""
-        return self.options.encrypted
-
-    def transport_summary(self) -> str:
-        """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
-        return "" if self.closed or self._engine.pool is None else self._engine.pool.summary()
-
-    @property
     def groups(self) -> list[dict[str, Any]]:
         """One entry per env-group actor: its env indices, worker, transport, the
         worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or
@@ -518,17 +486,6 @@ class DaskVecEnv(VecEnv):
             }
             for g in self._groups
         ]
-
-    @property
-    def dashboard(self) -> DashboardLinks:
-        """The dashboard links of the cluster, checked now: only pages its scheduler serves, and why not."""
-        return check_dashboard(self.client)
-
-    @property
-    def dashboard_link(self) -> str | None:
-        """Link to the Dask dashboard of the cluster holding the envs; ``None`` (and
-        :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
-        return self.dashboard.status
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:

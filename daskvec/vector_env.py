@@ -29,7 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, iterate
 
-from daskvec.engine import Engine
+from daskvec.engine import Engine, EngineViews
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
 from daskvec.options import Options, check_env_fns
 from daskvec.pool import Group, GroupPool
@@ -67,7 +67,7 @@ def _batch_size(value: Any, n_envs: int) -> int:
     return int(value)
 
 
-class DaskVectorEnv(gym.vector.VectorEnv):
+class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     """A Gymnasium ``VectorEnv`` whose envs live as Dask actors on a cluster.
 
     It behaves like ``gymnasium.vector.SyncVectorEnv`` (same observations, rewards,
@@ -412,16 +412,6 @@ class DaskVectorEnv(gym.vector.VectorEnv):
         return [
             {"envs": list(g.env_indices), "worker": g.worker, "transport": g.transport} for g in self._engine.groups
         ]
-
-    @property
-    def restart_counts(self) -> np.ndarray:
-        """How many times each env was rebuilt (lost worker, hang, move or env error)."""
-        return self._engine.ledger.restart_counts
-
-    @property
-    def restart_log(self) -> list[dict[str, Any]]:
-        """One entry per rebuilt env: index, reason, worker, step."""
-        return self._engine.ledger.log
 
     def close_extras(self, **kwargs: Any) -> None:
         """Shut the env groups down and close what this vec env created (safe with steps in flight)."""
