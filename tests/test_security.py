@@ -346,13 +346,15 @@ def test_another_client_of_the_cluster_can_drive_a_group(dclient: Any, client2: 
         def task_arguments(dask_scheduler: Any, key: str = key) -> list[Any]:
             return list(dask_scheduler.tasks[key].run_spec.args)
 
-        # the scheduler holds the token among the arguments of the group's task
-        tokens = [a for a in client2.run_on_scheduler(task_arguments) if isinstance(a, bytes) and len(a) == 32]
+        # the scheduler holds the token among the arguments of the group's task (in its GroupSpec)
+        args = client2.run_on_scheduler(task_arguments)
+        tokens = [getattr(a, "token", a) for a in args]
+        tokens = [t for t in tokens if isinstance(t, bytes) and len(t) == 32]
         assert len(tokens) == 1, "no 32-byte token among the group task's arguments"
         step = (Command.STEP, (np.zeros(2, dtype=np.int64),))
         with client2.as_current():
             actor = Actor(EnvGroup, worker, key)
-            address = tuple(actor.describe().result(timeout=30)["address"])
+            address = tuple(actor.describe().result(timeout=30).address)
             assert isinstance(unpack(actor.handle(pack(step)).result(timeout=30)), StepReply)  # no token asked
         channel = DirectChannel(address, tokens[0], connect_timeout=10)
         try:
