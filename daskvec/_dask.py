@@ -17,28 +17,95 @@ this process, whose workers' figures the Prometheus collector reports).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
+
+from daskvec.errors import SchedulerLostError
 
 __all__ = [
     "is_actor_lost",
     "log_event",
     "log_event_nowait",
     "placement_errors",
+    "register_scheduler_plugin",
     "run_on_scheduler",
+    "scheduler_address",
+    "scheduler_lost",
     "scheduler_workers",
 ]
 
 
-def scheduler_workers(client: Any) -> dict[str, Any]:
+#: The last scheduler address each client was seen with: a client that has lost its
+#: scheduler drops the RPC object that knows the address, and the error must name it.
+_ADDRESSES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def scheduler_address(client: Any) -> str:
+    """The address of ``client``'s scheduler, for messages (``""`` if it was never known).
+
+    Remembered per client while it is connected: call it once then, so that an error
+    raised after the scheduler is gone can still name it.
+    """
+    try:
+        address = str(client.scheduler.address or "")
+    except Exception:  # the client dropped its RPC object after losing the scheduler
+        address = ""
+    with contextlib.suppress(TypeError):  # a stand-in client that takes no weak reference
+        if address:
+            _ADDRESSES[client] = address
+        else:
+            address = _ADDRESSES.get(client, "")
+    return address
+
+
+def scheduler_workers(client: Any, timeout: float = 30.0) -> dict[str, Any]:
     """The scheduler's current view of every worker: ``{address: worker info}``.
 
     Instead of ``Client.scheduler_info()``, which returns a cache that the client's own
     periodic refresh rewrites, without per-worker entries, from its event loop thread:
     read right after a refresh it can come back with no workers at all. This asks the
-    scheduler directly through its ``identity`` handler.
+    scheduler directly through its ``identity`` handler, waiting at most ``timeout``
+    seconds: a frozen scheduler (a GC pause, a stalled VM) would otherwise block the
+    caller until it resumes.
+
+    Raises
+    ------
+    SchedulerLostError
+        The scheduler did not answer in time, or the client has lost it (a killed
+        scheduler shows as ``CommClosedError`` after Dask's reconnection attempts, or
+        as an attribute error of an RPC object the client already dropped).
     """
-    identity = client.sync(client.scheduler.identity, n_workers=-1)
+    try:
+        identity = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)
+    except Exception as e:
+        raise scheduler_lost(client, e, timeout) from e
     return dict(identity.get("workers", {}))
+
+
+def scheduler_lost(client: Any, exc: BaseException, timeout: float | None = None) -> SchedulerLostError:
+    """The :class:`SchedulerLostError` for a call to ``client``'s scheduler that failed with ``exc``."""
+    address = scheduler_address(client)
+    what = (
+        f"did not answer within {timeout:.0f}s"
+        if isinstance(exc, TimeoutError) and timeout is not None
+        else f"cannot be reached ({type(exc).__name__}: {exc})"
+    )
+    return SchedulerLostError(
+        f"the Dask scheduler {address or '(address unknown)'} {what}; without it no env can be placed or "
+        "rebuilt, so this vec env is broken. Check the scheduler (its process, host and network), then "
+        "close() this vec env and create a new one",
+        address=address,
+    )
+
+
+def register_scheduler_plugin(client: Any, plugin: Any, name: str, timeout: float) -> None:
+    """``client.register_plugin(plugin, name=name)`` for a scheduler plugin, waiting at most ``timeout`` seconds.
+
+    ``Client.register_plugin`` has no timeout: a frozen scheduler would hold the vec
+    env's construction until it resumes. The client's own coroutine is awaited
+    through ``Client.sync``, whose ``callback_timeout`` bounds the wait.
+    """
+    client.sync(client._register_scheduler_plugin, plugin, name, False, callback_timeout=timeout)
 
 
 def log_event_nowait(client: Any, topic: str, msg: dict[str, Any]) -> None:

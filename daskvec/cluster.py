@@ -29,6 +29,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskvec import _dask
 from daskvec.dashboard_link import check_dashboard
+from daskvec.protocol import GROUP_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,6 @@ __all__ = [
     "resolve_client",
 ]
 
-#: Every env-group actor's Dask key starts with this (the dashboard and the
-#: scale-down plugin recognise daskvec actors by it).
-GROUP_KEY_PREFIX = "daskvec-group-"
-
 
 # --------------------------------------------------------------------------- clients
 @dataclass
@@ -61,14 +58,14 @@ class ResolvedClient:
     cluster: Any = None
     own_cluster: bool = False
 
-    def close(self) -> None:
-        """Close only what daskvec created."""
+    def close(self, timeout: float = 10) -> None:
+        """Close only what daskvec created, waiting at most ``timeout`` seconds for each."""
         if self.own_client:
             with contextlib.suppress(Exception):
-                self.client.close(timeout=10)
+                self.client.close(timeout=timeout)
         if self.own_cluster and self.cluster is not None:
             with contextlib.suppress(Exception):
-                self.cluster.close(timeout=10)
+                self.cluster.close(timeout=timeout)
 
 
 def _default_client() -> Any:
@@ -342,23 +339,31 @@ def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
 
 
 # --------------------------------------------------------------------------- placement
-def scheduler_workers(client: Any) -> dict[str, Any]:
+def scheduler_workers(client: Any, timeout: float = 30.0) -> dict[str, Any]:
     """The scheduler's current view of every worker: ``{address: worker info}``.
 
-    Asked of the scheduler itself, not read from the client's cache (see
-    :func:`daskvec._dask.scheduler_workers`).
+    Asked of the scheduler itself, not read from the client's cache, waiting at most
+    ``timeout`` seconds (see :func:`daskvec._dask.scheduler_workers`).
+
+    Raises
+    ------
+    daskvec.errors.SchedulerLostError
+        When the scheduler does not answer in time or is gone.
     """
-    return _dask.scheduler_workers(client)
+    return _dask.scheduler_workers(client, timeout)
 
 
-def keep_env_workers(client: Any) -> None:
+def keep_env_workers(client: Any, timeout: float = 30.0) -> None:
     """Register :class:`KeepEnvWorkers` on the client's scheduler (once; later calls replace it).
 
     A scheduler that cannot import daskvec refuses it: then a warning says that adaptive
-    scale-down may close workers holding envs.
+    scale-down may close workers holding envs. A scheduler that does not answer within
+    ``timeout`` seconds is a :class:`~daskvec.errors.SchedulerLostError`.
     """
     try:
-        client.register_plugin(KeepEnvWorkers(), name=KeepEnvWorkers.name)
+        _dask.register_scheduler_plugin(client, KeepEnvWorkers(), KeepEnvWorkers.name, timeout)
+    except TimeoutError as e:
+        raise _dask.scheduler_lost(client, e, timeout) from e
     except Exception as e:
         logger.warning(
             "could not register the scale-down plugin on the scheduler (%s); "

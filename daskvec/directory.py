@@ -53,12 +53,12 @@ class WorkerDirectory:
     # ------------------------------------------------------------------ what is known
     def eligible(self) -> list[str]:
         """Live workers that match the placement options, sorted by address."""
-        info = {"workers": _cluster.scheduler_workers(self.client)}
+        info = {"workers": _cluster.scheduler_workers(self.client, self.options.timeout)}
         return _cluster.eligible_workers(info, self.options.workers, self.options.resources)
 
     def alive(self, worker: str) -> bool:
         """Whether the scheduler still knows ``worker``."""
-        return worker in _cluster.scheduler_workers(self.client)
+        return worker in _cluster.scheduler_workers(self.client, self.options.timeout)
 
     def learn_deadline(self, worker: str, deadline: float | None) -> None:
         """Record when ``worker`` is expected to leave (epoch seconds, or ``None``)."""

@@ -17,28 +17,30 @@ rebuilt env is reported (it passes a ``rebuilt`` callback wherever groups may be
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
 from daskvec import _dask
 from daskvec import cluster as _cluster
+from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.directory import WorkerDirectory
-from daskvec.errors import WorkerLostError
+from daskvec.errors import DaskVecEnvError, SchedulerLostError, WorkerLostError
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.options import Options, check_env_fns
-from daskvec.pool import Group, GroupPool
-from daskvec.protocol import Command, ResetReply, unwrap
-from daskvec.recovery import Recovery, RestartLedger
+from daskvec.pool import Group, GroupPool, StepOutcome
+from daskvec.protocol import Command, ResetReply, StepReply, unwrap
+from daskvec.recovery import Rebuild, Recovery, RestartLedger
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "LostHandler"]
+__all__ = ["Engine", "EngineViews", "LostHandler", "Sink"]
 
 #: Seconds between two reports of the vec env's figures to the dashboard.
 _STATS_INTERVAL = 2.0
@@ -46,6 +48,16 @@ _STATS_INTERVAL = 2.0
 #: What a face does with groups that did not answer: ``(lost groups, seconds waited)``.
 #: It has them rebuilt (``Engine.recovery.handle_lost``) and reports the rebuilds its way.
 LostHandler = Callable[[dict[Group, BaseException], float], None]
+
+
+class Sink(Protocol):
+    """Where a face takes a step's replies and hears of rebuilt envs (its buffers, in its own format)."""
+
+    def take_step(self, group: Group, reply: StepReply) -> None:
+        """Write ``group``'s step reply into the face's rows of its envs."""
+
+    def report_rebuilds(self, rebuilds: Sequence[Rebuild], during: str) -> None:
+        """Report rebuilt envs: ``"step"`` (truncations in this step), ``"deferred"`` (in the next) or ``"reset"``."""
 
 
 class Engine:
@@ -89,10 +101,12 @@ class Engine:
         self.env_fns = check_env_fns(env_fns)
         self.n_envs = len(self.env_fns)
         self.closed = False
+        self.broken: BaseException | None = None
         self.resolved = _cluster.resolve_client(
             client, connect_timeout=min(options.timeout, 30.0), cluster_kwargs=cluster_kwargs
         )
         self.client = self.resolved.client
+        _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
         self.pool: GroupPool | None = None
         try:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport)
@@ -101,7 +115,7 @@ class Engine:
             self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory, autoreset)
             self.ledger = RestartLedger(self.n_envs)
             self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
-            _cluster.keep_env_workers(self.client)
+            _cluster.keep_env_workers(self.client, self.options.timeout)
             workers_now = self.directory.wait_for_workers()
             layout = _cluster.plan_groups(self.n_envs, len(workers_now), self.options.envs_per_actor)
             self.pool.spawn(self.directory.assign(layout, workers_now, {}), self.ledger)
@@ -119,9 +133,9 @@ class Engine:
         """The envs' spaces, after checking that every env has those of env 0."""
         assert self.pool is not None
         first = self.pool.groups[0].desc
-        obs0, act0 = first["observation_space"], first["action_space"]
+        obs0, act0 = first.observation_space, first.action_space
         for g in self.pool.groups:
-            for pos, (o, a) in enumerate(zip(g.desc["observation_spaces"], g.desc["action_spaces"], strict=True)):
+            for pos, (o, a) in enumerate(zip(g.desc.observation_spaces, g.desc.action_spaces, strict=True)):
                 if o != obs0 or a != act0:
                     raise ValueError(
                         f"env {g.env_indices[pos]} has observation space {o} and action space {a}, but env 0 has "
@@ -149,6 +163,125 @@ class Engine:
                 raise IndexError(f"env index {j} is out of range for {self.n_envs} envs")
             out.append(j % self.n_envs)
         return out
+
+    # ------------------------------------------------------------------ the step lifecycle
+    def check(self) -> None:
+        """Raise if the engine is broken: a lost scheduler again as itself, anything else as ``DaskVecEnvError``."""
+        err = self.broken
+        if err is None:
+            return
+        if isinstance(err, SchedulerLostError):
+            raise SchedulerLostError(str(err), err.address) from err
+        hint = " or use on_worker_lost='restart'" if isinstance(err, WorkerLostError) else ""
+        raise DaskVecEnvError(
+            f"this vec env lost envs earlier ({type(err).__name__}: {err}); close it and create a new one{hint}"
+        ) from err
+
+    @contextlib.contextmanager
+    def fail_stop(self) -> Iterator[None]:
+        """Break the engine on any exception in the block (recovery, scheduler calls), then raise.
+
+        A lost or unreachable scheduler becomes :class:`~daskvec.errors.SchedulerLostError`;
+        a failure that is neither a lost worker nor a lost scheduler (an interrupted or
+        failed rebuild leaves groups half placed) a :class:`~daskvec.errors.DaskVecEnvError`.
+        Once broken, no call hands out observations again (:meth:`check`).
+        """
+        try:
+            yield
+        except BaseException as e:
+            err = self._failure(e)
+            self.broken = err
+            if err is e:
+                raise
+            raise err from e
+
+    def _failure(self, e: BaseException) -> BaseException:
+        if isinstance(e, (WorkerLostError, SchedulerLostError)):
+            return e
+        if getattr(self.client, "status", "running") not in ("running", "newly-created"):
+            return _dask.scheduler_lost(self.client, e)
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        return DaskVecEnvError(
+            f"daskvec could not recover its env groups ({type(e).__name__}: {e}); this vec env is broken: "
+            "close() it and create a new one"
+        )
+
+    def taker(self, sink: Sink) -> Callable[[Group, StepReply], None]:
+        """``take(group, reply)`` for :meth:`GroupPool.collect`: into ``sink``, env-error restarts counted."""
+
+        def take(group: Group, reply: StepReply) -> None:
+            sink.take_step(group, reply)
+            if reply.restarted:
+                self.ledger.env_errors(group, reply.restarted, self.recovery.steps)
+
+        return take
+
+    def send_step(self, actions: Any) -> None:
+        """Send every group its rows of ``actions``; do not wait (:meth:`collect_step` reads the replies)."""
+        assert self.pool is not None
+        self.timer.sent()
+        self.pool.send_step(actions)
+
+    def collect_step(self, sink: Sink) -> StepOutcome:
+        """Read the replies of the step :meth:`send_step` sent into ``sink`` (``step_timeout`` bounds the wait).
+
+        Interrupted (Ctrl-C), the step stays pending: call again. The outcome is then
+        for :meth:`finish`, after the face has written what its sink deferred.
+        """
+        assert self.pool is not None
+        outcome = self.pool.collect(self.options.step_timeout, self.taker(sink))
+        self.timer.received(outcome.env_seconds)
+        return outcome
+
+    @property
+    def stepping(self) -> bool:
+        """Whether a step (or a rollout) was sent to every group and not collected yet."""
+        return self.pool is not None and self.pool.stepping
+
+    def collect_ready(self, min_envs: int, sink: Sink) -> tuple[list[Group], StepOutcome]:
+        """The partial batch of the groups that answer first (:meth:`GroupPool.collect_ready`), taken into ``sink``."""
+        assert self.pool is not None
+        groups, outcome = self.pool.collect_ready(min_envs, self.options.step_timeout, self.taker(sink))
+        self.timer.received(outcome.env_seconds)
+        return groups, outcome
+
+    def finish(
+        self, outcome: StepOutcome, sink: Sink, *, migrate: Collection[Group] | None = None, steps: int = 1
+    ) -> None:
+        """Finish a collected outcome: the one place where every face and rollouts do it.
+
+        In this order: count ``steps`` vec-steps; rebuild the lost groups and report them to
+        ``sink`` (as truncations of this step, or of the next if an env raised, so that
+        no group is left with a reply in flight); raise the first env's error; carry
+        out the moves that are due (of the groups in ``migrate`` only, if given) and
+        report them; send the dashboard its figures when due. A recovery that fails
+        breaks the engine (:meth:`fail_stop`).
+        """
+        self.recovery.steps += steps
+        if outcome.lost:
+            during = "deferred" if outcome.errors else "step"
+            self.report(sink, during, self.recovery.handle_lost, outcome.lost, self.options.step_timeout)
+        if outcome.errors:
+            outcome.errors[0][1].raise_()
+        if self.recovery.migration_due and (migrate is None or migrate):
+            self.report(sink, "step", self.recovery.migrate, migrate)
+        self.maybe_publish()
+
+    def report(self, sink: Sink, during: str, rebuild: Callable[..., list[Rebuild]], *args: Any) -> None:
+        """Run a recovery action (fail-stop) and report what it rebuilt to ``sink``."""
+        with self.fail_stop():
+            rebuilds = rebuild(*args)
+        if rebuilds:
+            sink.report_rebuilds(rebuilds, during)
+
+    def lost_handler(self, sink: Sink, during: str) -> LostHandler:
+        """The :data:`LostHandler` of calls outside a step: rebuilds reported to ``sink`` as ``during`` says."""
+
+        def on_lost(lost: dict[Group, BaseException], waited: float) -> None:
+            self.report(sink, during, self.recovery.handle_lost, lost, waited)
+
+        return on_lost
 
     # ------------------------------------------------------------------ calls
     def call(self, requests: dict[Group, Any]) -> dict[Group, Any]:
@@ -248,11 +381,13 @@ class Engine:
         if self.closed:
             return
         self.closed = True
-        msg = client_message(self.timer, self.n_envs, int(self.ledger.restart_counts.sum()), closed=True)
-        _dask.log_event(self.client, CLIENT_TOPIC, msg, timeout=5)  # bounded: the scheduler may be gone
+        gone = isinstance(self.broken, SchedulerLostError)  # then ask the cluster nothing: return at once
+        if not gone:
+            msg = client_message(self.timer, self.n_envs, int(self.ledger.restart_counts.sum()), closed=True)
+            _dask.log_event(self.client, CLIENT_TOPIC, msg, timeout=5)  # bounded: the scheduler may be gone
         if self.pool is not None:
-            self.pool.close()
-        self.resolved.close()
+            self.pool.close(abandon=gone)
+        self.resolved.close(timeout=2 if gone else 10)
 
     def summary(self) -> str:
         """Envs, groups and workers, for log lines."""
@@ -261,3 +396,51 @@ class Engine:
             f"{self.n_envs} envs in {len(self.pool.groups)} groups over {len(self.pool.load())} workers "
             f"({self.pool.summary()} transport)"
         )
+
+
+class EngineViews:
+    """What every face shows of its engine: restarts, transport, dashboard links (a mixin)."""
+
+    _engine: Engine
+
+    @property
+    def restart_counts(self) -> np.ndarray:
+        """How many times each env was rebuilt (lost worker, hang, move or env error)."""
+        return self._engine.ledger.restart_counts
+
+    @property
+    def error_restarts(self) -> np.ndarray:
+        """How many of each env's rebuilds were caused by its own exceptions."""
+        return self._engine.ledger.error_restarts
+
+    @property
+    def restart_log(self) -> list[dict[str, Any]]:
+        """One entry per rebuilt env: index, reason, worker, step."""
+        return self._engine.ledger.log
+
+    @property
+    def transport(self) -> str:
+        """The transport in use: ``"auto"``, ``"direct"``, ``"actor"`` (also on a secured cluster
+        without a client TLS context) or ``"direct-insecure"``; see :meth:`transport_summary`
+        and :attr:`encrypted`."""
+        return self._engine.options.transport
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the direct channels are TLS (a secured cluster; see docs/security.md)."""
+        return self._engine.options.encrypted
+
+    def transport_summary(self) -> str:
+        """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
+        return "" if self._engine.closed or self._engine.pool is None else self._engine.pool.summary()
+
+    @property
+    def dashboard(self) -> DashboardLinks:
+        """The dashboard links of the cluster, checked now: only pages its scheduler serves, and why not."""
+        return check_dashboard(self._engine.client)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """Link to the Dask dashboard of the cluster holding the envs; ``None`` (and
+        :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
+        return self.dashboard.status

@@ -18,6 +18,7 @@ __all__ = [
     "EnvRestartBudgetExceeded",
     "NoAsyncCallError",
     "RemoteEnvError",
+    "SchedulerLostError",
     "StepTimeoutError",
     "WorkerLostError",
 ]
@@ -63,6 +64,28 @@ class WorkerLostError(DaskVecEnvError):
 
     def __reduce__(self) -> tuple[type, tuple[str, list[int], str]]:
         return (type(self), (str(self), self.env_indices, self.worker))
+
+
+class SchedulerLostError(DaskVecEnvError):
+    """The cluster's scheduler died or did not answer within the timeout.
+
+    Without its scheduler a cluster can neither place nor rebuild envs (and a killed
+    scheduler takes its workers down with it), so the vec env fails stop: it is broken,
+    every later call raises, and ``close()`` returns promptly without waiting for the
+    cluster. Create a new vec env once the scheduler is back.
+
+    Attributes
+    ----------
+    address : str
+        The scheduler's address.
+    """
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (str(self), self.address))
 
 
 class StepTimeoutError(WorkerLostError):

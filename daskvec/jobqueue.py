@@ -230,26 +230,23 @@ def plan_jobs(
     n_envs : int
         Number of environments.
     envs_per_worker : int
-        Envs per worker process. Envs on one process step one after another, so use
-        more than 1 when a single env step is cheap compared with a network round trip.
-    processes_per_job : int
-        Worker processes per job (one per core is the usual choice).
-    threads_per_process : int
-        Threads per worker process; 1 is enough for envs.
+        Envs per worker process (they step one after another: more than 1 pays when a
+        step is cheap compared with a network round trip).
+    processes_per_job, threads_per_process : int
+        Worker processes per job (one per core is usual) and threads per process (1 is enough).
     memory_per_worker : str or int
         Memory for one worker process, e.g. ``"2GiB"``.
     walltime : str or float, optional
-        The jobs' walltime (see :func:`parse_walltime`); when given, workers get a
-        ``--lifetime`` so that they leave, and their envs move, before the batch
-        system kills them.
+        The jobs' walltime (see :func:`parse_walltime`); workers then get a ``--lifetime``
+        so that they leave, and their envs move, before the batch system kills them.
     system : str
         dask-jobqueue config name of the batch system (``"slurm"``, ``"pbs"``, ``"lsf"``, ...).
     lifetime_margin : float, optional
         Seconds before the walltime by which every worker has left. Default:
         10% of the walltime, at most 5 minutes.
     lifetime_stagger : float, optional
-        Spread of the workers' lifetimes (``--lifetime-stagger``), so that the workers
-        of one batch leave at different times. Default: 5% of the walltime, at most 3 minutes.
+        Spread of the workers' lifetimes (``--lifetime-stagger``), so that they leave at
+        different times. Default: 5% of the walltime, at most 3 minutes.
     resource : str or None
         Name of the worker resource that marks env workers (``--resources
         NAME=envs_per_worker``); ``None`` adds none.
@@ -269,12 +266,8 @@ def plan_jobs(
     >>> plan.workers, plan.jobs, plan.cores_per_job
     (16, 2, 8)
     """
-    for name, value in (
-        ("n_envs", n_envs),
-        ("envs_per_worker", envs_per_worker),
-        ("processes_per_job", processes_per_job),
-        ("threads_per_process", threads_per_process),
-    ):
+    counts = {"n_envs": n_envs, "envs_per_worker": envs_per_worker, "processes_per_job": processes_per_job}
+    for name, value in {**counts, "threads_per_process": threads_per_process}.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, not {value!r}")
     mem = parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str) else int(memory_per_worker)
@@ -282,18 +275,7 @@ def plan_jobs(
         raise ValueError(f"memory_per_worker must be positive, not {memory_per_worker!r}")
     workers = math.ceil(n_envs / envs_per_worker)
     jobs = math.ceil(workers / processes_per_job)
-    walltime_s = lifetime_s = None
-    stagger = 0.0
-    if walltime is not None:
-        walltime_s = parse_walltime(walltime, system)
-        margin = min(300.0, 0.10 * walltime_s) if lifetime_margin is None else float(lifetime_margin)
-        stagger = min(180.0, 0.05 * walltime_s) if lifetime_stagger is None else float(lifetime_stagger)
-        lifetime_s = walltime_s - margin - stagger
-        if margin < 0 or stagger < 0 or lifetime_s - stagger <= 0:
-            raise ValueError(
-                f"walltime {walltime!r} ({walltime_s:.0f}s) leaves no lifetime after a margin of "
-                f"{margin:.0f}s and a stagger of {stagger:.0f}s; ask for a longer walltime"
-            )
+    walltime_s, lifetime_s, stagger = _lifetime(walltime, system, lifetime_margin, lifetime_stagger)
     return JobPlan(
         n_envs=n_envs,
         envs_per_worker=envs_per_worker,
@@ -308,6 +290,24 @@ def plan_jobs(
         stagger_s=stagger,
         resources={resource: float(envs_per_worker)} if resource else {},
     )
+
+
+def _lifetime(
+    walltime: str | float | None, system: str, margin: float | None, stagger: float | None
+) -> tuple[float | None, float | None, float]:
+    """``(walltime, lifetime, stagger)`` in seconds for :func:`plan_jobs` (``None`` without a walltime)."""
+    if walltime is None:
+        return None, None, 0.0
+    walltime_s = parse_walltime(walltime, system)
+    margin_s = min(300.0, 0.10 * walltime_s) if margin is None else float(margin)
+    stagger_s = min(180.0, 0.05 * walltime_s) if stagger is None else float(stagger)
+    lifetime_s = walltime_s - margin_s - stagger_s
+    if margin_s < 0 or stagger_s < 0 or lifetime_s - stagger_s <= 0:
+        raise ValueError(
+            f"walltime {walltime!r} ({walltime_s:.0f}s) leaves no lifetime after a margin of "
+            f"{margin_s:.0f}s and a stagger of {stagger_s:.0f}s; ask for a longer walltime"
+        )
+    return walltime_s, lifetime_s, stagger_s
 
 
 def _has_option(args: list[str], option: str) -> bool:
@@ -341,8 +341,7 @@ def cluster_for_envs(
     Parameters
     ----------
     cluster_cls : type
-        A dask-jobqueue cluster class: ``SLURMCluster``, ``PBSCluster``,
-        ``SGECluster``, ``LSFCluster``, ``OARCluster``, ``MoabCluster``, ``HTCondorCluster``.
+        A dask-jobqueue cluster class (``SLURMCluster``, ``PBSCluster``, ``SGECluster``, ...).
     n_envs : int
         Number of environments the cluster must hold.
     envs_per_worker, processes_per_job, threads_per_process, memory_per_worker : optional
@@ -357,8 +356,7 @@ def cluster_for_envs(
         that end are not replaced. ``"none"``: submit nothing (e.g. to inspect
         ``cluster.job_script()`` first, then call :func:`scale_for_envs`).
     spare_jobs : int
-        Extra jobs the adaptive cluster may hold (e.g. to let replacements start
-        before expiring workers leave).
+        Extra jobs the adaptive cluster may hold (replacements start before workers leave).
     wait : float, optional
         Block until all planned workers have joined, at most this many seconds.
     **cluster_kwargs
@@ -366,11 +364,10 @@ def cluster_for_envs(
         ``scheduler_options``, ``log_directory``, ``job_extra_directives``, ...).
         ``cores``, ``processes`` and ``memory`` come from the plan; your
         ``worker_extra_args`` are kept and the plan's added (an explicit
-        ``--lifetime`` or ``--resources`` of yours wins). On SLURM, PBS, SGE, LSF,
-        OAR and Moab the job script first exports ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False`` (Dask's profiler
-        can deadlock workers on Python 3.11, see
-        :func:`daskvec.worker.profiler_hazard`), then runs your
-        ``job_script_prologue`` (or the configured one), which may override it.
+        ``--lifetime`` or ``--resources`` of yours wins). On SLURM, PBS, SGE, LSF, OAR
+        and Moab the job script first turns Dask's profiler off (it can deadlock workers
+        on Python 3.11, see :func:`daskvec.worker.profiler_hazard`), then runs your
+        ``job_script_prologue``, which may turn it on again.
 
     Returns
     -------
@@ -389,18 +386,24 @@ def cluster_for_envs(
     """
     _refuse_planned_kwargs(cluster_kwargs)
     system = _config_name(cluster_cls, cluster_kwargs)
-    plan = plan_jobs(
-        n_envs,
-        envs_per_worker=envs_per_worker,
-        processes_per_job=processes_per_job,
-        threads_per_process=threads_per_process,
-        memory_per_worker=memory_per_worker,
-        walltime=_walltime(system, cluster_kwargs),
-        system=system,
-        lifetime_margin=lifetime_margin,
-        lifetime_stagger=lifetime_stagger,
-        resource=resource,
+    plan = plan_jobs(n_envs, envs_per_worker=envs_per_worker, processes_per_job=processes_per_job,
+                     threads_per_process=threads_per_process, memory_per_worker=memory_per_worker,
+                     walltime=_walltime(system, cluster_kwargs), system=system, lifetime_margin=lifetime_margin,
+                     lifetime_stagger=lifetime_stagger, resource=resource)  # fmt: skip
+    if scaling not in _SCALINGS:
+        raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
+    kwargs = _cluster_kwargs(plan, system, cluster_kwargs)
+    cluster = _start_scaled(cluster_cls, kwargs, plan, scaling=scaling, spare_jobs=spare_jobs, wait=wait)
+    logger.info(
+        "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
+        type(cluster).__name__, n_envs, plan.jobs, plan.processes_per_job, plan.cores_per_job, plan.memory_per_job,
+        f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
     )
+    return cluster, plan
+
+
+def _cluster_kwargs(plan: JobPlan, system: str, cluster_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The job-queue cluster's keyword arguments: the plan's, the user's worker arguments merged in, theirs over it."""
     user_args = [str(a) for a in cluster_kwargs.pop("worker_extra_args", None) or []]
     kwargs = {
         **plan.cluster_kwargs(),
@@ -409,15 +412,7 @@ def cluster_for_envs(
     }
     if system in _SHELL_SCRIPT_SYSTEMS:
         kwargs["job_script_prologue"] = _prologue_without_profiler(system, kwargs.get("job_script_prologue"))
-    if scaling not in _SCALINGS:
-        raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
-    cluster = _start_scaled(cluster_cls, kwargs, plan, scaling=scaling, spare_jobs=spare_jobs, wait=wait)
-    logger.info(
-        "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
-        type(cluster).__name__, n_envs, plan.jobs, plan.processes_per_job, plan.cores_per_job, plan.memory_per_job,
-        f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
-    )
-    return cluster, plan
+    return kwargs
 
 
 def _refuse_planned_kwargs(cluster_kwargs: dict[str, Any]) -> None:

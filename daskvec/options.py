@@ -122,7 +122,7 @@ class Options:
     env_process: bool = False
     busy_poll: float | None = None
     timeout: float = 300.0
-    step_timeout: float = 300.0
+    step_timeout: float = 60.0
     on_worker_lost: str = "restart"
     on_env_error: str = "raise"
     max_restarts: int = 10

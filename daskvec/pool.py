@@ -27,9 +27,9 @@ import numpy as np
 from daskvec import _dask
 from daskvec import cluster as _cluster
 from daskvec.directory import Layout, WorkerDirectory
-from daskvec.errors import DaskVecEnvError, EnvBuildError, WorkerLostError
+from daskvec.errors import DaskVecEnvError, EnvBuildError, SchedulerLostError, WorkerLostError
 from daskvec.options import Options
-from daskvec.protocol import Command, RemoteError, StepReply
+from daskvec.protocol import GROUP_KEY_PREFIX, Command, GroupDesc, GroupSpec, RemoteError, StepReply
 from daskvec.transport import (
     ActorChannel,
     Channel,
@@ -44,7 +44,7 @@ from daskvec.worker import EnvGroup, EnvHost, factory_name, kill_env_process
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Group", "GroupPool", "RestartHistory", "StepOutcome"]
+__all__ = ["Flight", "Group", "GroupPool", "RestartHistory", "StepOutcome"]
 
 #: Seconds the client waits for a group beyond ``timeout``: a factory that hangs is
 #: reported by the worker (which gives up after ``timeout``), not taken for a dead worker.
@@ -71,7 +71,7 @@ class Group:
         The vec-env indices of its envs, in order.
     worker : str
         Address of the worker holding it.
-    desc : dict
+    desc : GroupDesc
         What the group said about itself when created (spaces, deadline, pids, ...).
     index : slice or numpy.ndarray
         Its rows in the vec env's buffers.
@@ -83,7 +83,7 @@ class Group:
     future: Any
     actor: Any
     channel: Channel
-    desc: dict[str, Any]
+    desc: GroupDesc
     index: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,12 +96,12 @@ class Group:
     @property
     def deadline(self) -> float | None:
         """When the group's worker is expected to leave (epoch seconds), if known."""
-        return self.desc.get("deadline")
+        return self.desc.deadline
 
     @property
     def env_pid(self) -> int | None:
         """Id of the process stepping the envs (the env process, or the worker's own)."""
-        return self.desc.get("env_pid", self.desc.get("pid"))
+        return self.desc.pid if self.desc.env_pid is None else self.desc.env_pid
 
     @property
     def transport(self) -> str:
@@ -142,6 +142,39 @@ class StepOutcome:
         return False
 
 
+#: The reply of a group in flight that has not been read yet.
+_WAITING: Any = object()
+
+
+@dataclass(eq=False)
+class Flight:
+    """A request in flight to one group.
+
+    Attributes
+    ----------
+    group : Group
+        Where it went.
+    sent : float
+        When (``time.monotonic()``); a partial-batch step times out from then.
+    batch : bool
+        Part of a request sent to several groups at once and collected as one outcome
+        (:meth:`GroupPool.collect`); otherwise a group stepping on its own
+        (:meth:`GroupPool.collect_ready`).
+    reply : object
+        The reply, the exception that stands for it, or ``_WAITING`` until it is read.
+    """
+
+    group: Group
+    sent: float
+    batch: bool
+    reply: Any = _WAITING
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its reply has not been read yet."""
+        return self.reply is _WAITING
+
+
 class GroupPool:
     """The env groups of one vec env: create, connect, call, step and tear down.
 
@@ -176,13 +209,10 @@ class GroupPool:
         self.transport = options.transport
         self.groups: list[Group] = []
         self._profiler_warned: set[str] = set()
-        # the request in flight (a step, a rollout): the groups it went to, and the
-        # replies (or exceptions) read so far, by group id
-        self._pending: list[Group] = []
-        self._arrived: dict[str, Any] | None = None
-        # partial batches (issue 16): groups stepping on their own, by group id: when
-        # their step was sent, and their reply once it is read
-        self._inflight: dict[str, tuple[float, Any]] = {}
+        # what is in flight, one record per group id: a request sent to every group of
+        # a batch (a step, a rollout, collected together by collect()) or a step of a
+        # group stepping on its own (a partial batch, handed out by collect_ready())
+        self._flights: dict[str, Flight] = {}
 
     # ------------------------------------------------------------------ views
     def load(self) -> dict[str, int]:
@@ -226,6 +256,8 @@ class GroupPool:
                     try:
                         created.append(self._connect(indices, worker, token, key, fut, deadline))
                     except Exception as e:
+                        if isinstance(e, SchedulerLostError):  # nowhere to place anything
+                            raise
                         if _is_placement_failure(e) and not isinstance(e, TimeoutError):
                             e = self._check_crash(crashed.setdefault(tuple(indices), []), indices, worker, e)
                         if not _is_placement_failure(e):
@@ -283,26 +315,25 @@ class GroupPool:
 
     def _submit(self, indices: list[int], worker: str, history: RestartHistory) -> tuple[Any, ...]:
         token = secrets.token_bytes(32) if self.transport != "actor" else None
-        key = f"{_cluster.GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
-        options: dict[str, Any] = {
-            "busy_poll": self.options.busy_poll,
-            "rebuilds": [int(history.restart_counts[i]) for i in indices],
-            "base_seeds": [history.base_seeds[i] for i in indices],
-            "send_masks": self.options.cache_action_masks,
-            "autoreset": self.autoreset,
-        }
-        options["build_timeout"] = self.options.timeout  # the worker gives up first (_BUILD_MARGIN)
-        if self.options.encrypted:  # issue 15: the group's TCP channel speaks TLS
-            options["tls"] = True
+        key = f"{GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
+        spec = GroupSpec(
+            env_indices=tuple(indices),
+            token=token,
+            on_env_error=self.options.on_env_error,
+            max_restarts=self.options.max_restarts,
+            error_restarts=tuple(int(history.error_restarts[i]) for i in indices),
+            rebuilds=tuple(int(history.restart_counts[i]) for i in indices),
+            base_seeds=tuple(history.base_seeds[i] for i in indices),
+            busy_poll=self.options.busy_poll,
+            send_masks=self.options.cache_action_masks,
+            autoreset=self.autoreset,
+            tls=self.options.encrypted,  # the group's TCP channel speaks TLS
+            build_timeout=self.options.timeout,  # the worker gives up first (_BUILD_MARGIN)
+        )
         fut = self.client.submit(
             EnvHost if self.options.env_process else EnvGroup,
             _cluster.dumps_factories(self.env_fns, indices),
-            indices,
-            token,
-            self.options.on_env_error,
-            self.options.max_restarts,
-            [int(history.error_restarts[i]) for i in indices],
-            **options,
+            spec,
             actor=True,
             workers=[worker],
             allow_other_workers=False,
@@ -320,7 +351,7 @@ class GroupPool:
         with self.client.as_current():
             actor = self._await_actor(fut, worker, timeout)
         desc = actor.describe().result(timeout=timeout)
-        group = Group(key, list(indices), desc["worker"], fut, actor, self._channel(actor, desc, token), desc)
+        group = Group(key, list(indices), desc.worker, fut, actor, self._channel(actor, desc, token), desc)
         self.directory.learn_deadline(group.worker, group.deadline)
         self._warn_profiler(desc)
         self.groups.append(group)
@@ -343,36 +374,36 @@ class GroupPool:
             if not self.directory.alive(worker):
                 raise OSError(f"worker {worker} left before the env group was created on it")
 
-    def _channel(self, actor: Any, desc: dict[str, Any], token: bytes | None) -> Channel:
-        if self.transport == "actor" or token is None or desc.get("address") is None:
+    def _channel(self, actor: Any, desc: GroupDesc, token: bytes | None) -> Channel:
+        if self.transport == "actor" or token is None or desc.address is None:
             return ActorChannel(actor)
         timeout = min(self.options.timeout, 5.0)
-        secured_worker = _cluster.address_scheme(str(desc["worker"])) not in _cluster.PLAIN_SCHEMES
+        secured_worker = _cluster.address_scheme(str(desc.worker)) not in _cluster.PLAIN_SCHEMES
         if secured_worker and not self.options.encrypted and self.transport != "direct-insecure":
             # a secured worker joined a cluster that looked plain: never plaintext to it unasked
-            logger.warning("worker %s is secured; using Dask actor calls for its envs", desc["worker"])
+            logger.warning("worker %s is secured; using Dask actor calls for its envs", desc.worker)
             return ActorChannel(actor)
         ssl_context = _cluster.client_ssl_context(self.client) if self.options.encrypted else None
-        if ssl_context is None and desc.get("unix_path") and desc.get("machine") == machine_id():
+        if ssl_context is None and desc.unix_path and desc.machine == machine_id():
             try:
-                return DirectChannel(desc["unix_path"], token, connect_timeout=timeout)
+                return DirectChannel(desc.unix_path, token, connect_timeout=timeout)
             except ChannelError as e:  # e.g. a container that shares the host name, not the files
-                logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc["worker"], e)
+                logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc.worker, e)
         try:
-            return DirectChannel(tuple(desc["address"]), token, connect_timeout=timeout, ssl_context=ssl_context)
+            return DirectChannel(tuple(desc.address), token, connect_timeout=timeout, ssl_context=ssl_context)
         except ChannelError as e:
             if self.transport in ("direct", "direct-insecure"):
                 raise DaskVecEnvError(
-                    f"cannot open a direct channel to the env group on {desc['worker']} ({e}); "
+                    f"cannot open a direct channel to the env group on {desc.worker} ({e}); "
                     "use transport='auto' to fall back to Dask actor calls"
                 ) from e
-            logger.warning("direct channel to %s unavailable (%s); using Dask actor calls", desc["worker"], e)
+            logger.warning("direct channel to %s unavailable (%s); using Dask actor calls", desc.worker, e)
             return ActorChannel(actor)
 
-    def _warn_profiler(self, desc: dict[str, Any]) -> None:
+    def _warn_profiler(self, desc: GroupDesc) -> None:
         """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``)."""
-        worker = desc["worker"]
-        if not desc.get("profiler_hazard") or worker in self._profiler_warned:
+        worker = desc.worker
+        if not desc.profiler_hazard or worker in self._profiler_warned:
             return
         self._profiler_warned.add(worker)
         logger.warning(
@@ -392,45 +423,47 @@ class GroupPool:
         hung; their env processes, if their workers still run, are killed by the
         worker itself (a plain ``Client.run``, which does not queue behind actor calls).
         """
-        doomed = [(g.worker, g.desc["env_pid"]) for g in groups if "env_pid" in g.desc] if not graceful else []
+        bound = min(self.options.timeout, 10.0)
+        doomed = [(g.worker, g.desc.env_pid) for g in groups if g.desc.env_pid is not None] if not graceful else []
         if doomed:
             with contextlib.suppress(Exception):
-                alive = _cluster.scheduler_workers(self.client)
+                alive = _cluster.scheduler_workers(self.client, bound)
                 for worker, env_pid in doomed:
                     if worker in alive:
-                        self.client.run(kill_env_process, env_pid, workers=[worker], callback_timeout=10)
+                        self.client.run(kill_env_process, env_pid, workers=[worker], callback_timeout=bound)
         if graceful:
             futs = []
             for g in groups:
                 g.channel.close()
                 with contextlib.suppress(Exception):
                     futs.append(g.actor.shutdown())
+            deadline = time.monotonic() + bound  # one bound for all of them, not one each
             for f in futs:
                 with contextlib.suppress(Exception):
-                    f.result(timeout=min(self.options.timeout, 10.0))
+                    f.result(timeout=max(deadline - time.monotonic(), 0.01))
         for g in groups:
             g.channel.close()
             with contextlib.suppress(Exception):
                 g.future.cancel()
         self.groups = [g for g in self.groups if g not in groups]
         for g in groups:
-            self._inflight.pop(g.gid, None)
+            self._flights.pop(g.gid, None)
 
-    def close(self) -> None:
-        """Release every group: those with a step in flight that does not end in time are dropped."""
-        stuck: list[Group] = []
-        arrived = dict(self._arrived or {})
-        if self._arrived is not None or self._inflight:
-            arrived.update({gid: reply for gid, (_, reply) in self._inflight.items() if reply is not _WAITING})
-            # groups sent a request by send() (all of them for a step) or a step by send_groups()
-            sent = {g.gid for g in self._pending} if self._arrived is not None else set()
-            live = [g for g in self.groups if (g.gid in sent and g.gid not in arrived) or self._waiting(g)]
-            replies = recv_many([g.channel for g in live], min(self.options.step_timeout, 30.0))
-            # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
-            stuck = [g for g, r in zip(live, replies, strict=True) if isinstance(r, BaseException)]
-            stuck += [g for g in self.groups if isinstance(arrived.get(g.gid), BaseException)]
-            self._arrived = None
-            self._inflight.clear()
+    def close(self, abandon: bool = False) -> None:
+        """Release every group: those with a request in flight that does not end in time are dropped.
+
+        ``abandon``: ask no group anything (the cluster is gone): drop them all at once.
+        """
+        if abandon:
+            self._flights.clear()
+            self.teardown(list(self.groups), graceful=False)
+            return
+        waiting = [f.group for f in self._flights.values() if f.waiting]
+        replies = recv_many([g.channel for g in waiting], min(self.options.step_timeout, 30.0))
+        # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
+        stuck = [g for g, r in zip(waiting, replies, strict=True) if isinstance(r, BaseException)]
+        stuck += [f.group for f in self._flights.values() if not f.waiting and isinstance(f.reply, BaseException)]
+        self._flights.clear()
         self.teardown(stuck, graceful=False)
         self.teardown(list(self.groups), graceful=True)
 
@@ -452,8 +485,8 @@ class GroupPool:
     # ------------------------------------------------------------------ steps
     @property
     def stepping(self) -> bool:
-        """Whether a step (or another request sent by :meth:`send`) was sent and not yet collected."""
-        return self._arrived is not None
+        """Whether a request sent by :meth:`send` (a step, a rollout) was not collected yet."""
+        return any(f.batch for f in self._flights.values())
 
     def send_step(self, actions: Any) -> None:
         """Send each group its actions (rows of ``actions``); do not wait."""
@@ -472,17 +505,15 @@ class GroupPool:
         The replies are then read by :meth:`collect` (a step, a rollout: any command
         whose replies are collected as one outcome).
         """
-        self._pending = list(self.groups if groups is None else groups)
-        self._arrived = {}
-        for g in self._pending:
+        if self._flights:
+            raise RuntimeError("daskvec internal error: send() while requests are in flight")
+        now = time.monotonic()
+        for g in self.groups if groups is None else groups:
+            flight = self._flights[g.gid] = Flight(g, now, batch=True)
             try:
                 g.channel.send(request(g))
             except ChannelError as e:
-                self._arrived[g.gid] = e
-
-    def collect_step(self, timeout: float, take: Callable[[Group, StepReply], None]) -> StepOutcome:
-        """:meth:`collect` for a step sent by :meth:`send_step`."""
-        return self.collect(timeout, take, StepReply)
+                flight.reply = e
 
     def collect(self, timeout: float, take: Callable[[Group, Any], None], kind: type = StepReply) -> StepOutcome:
         """Wait for the replies of what :meth:`send` sent; call ``take(group, reply)`` on each as soon as it is read.
@@ -491,37 +522,39 @@ class GroupPool:
         are taken in. If ``take`` raises (say, observations that do not fit), the other
         replies are read all the same, so that the channels stay in step, and the
         error is raised. If the wait itself is interrupted (Ctrl-C), the request stays
-        pending: the next call reads only the replies still missing.
+        pending: the next call reads only the replies still missing, and its outcome
+        files every reply, those read before the interruption too.
         """
-        if self._arrived is None:
+        flights = [f for f in self._flights.values() if f.batch]
+        if not flights:
             raise RuntimeError("daskvec internal error: collect() without send()")
-        arrived, pending = self._arrived, self._pending
-        waiting = [g for g in pending if g.gid not in arrived]
-        replies = iter_replies([g.channel for g in waiting], timeout)
+        waiting = [f for f in flights if f.waiting]
+        replies = iter_replies([f.group.channel for f in waiting], timeout)
         try:
-            for g in waiting:
-                arrived[g.gid] = reply = next(replies)
-                if isinstance(reply, kind):
-                    take(g, reply)
+            for f in waiting:
+                f.reply = next(replies)
+                if isinstance(f.reply, kind):
+                    take(f.group, f.reply)
         except BaseException:
             if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain
                 for _ in replies:
                     continue
-                self._arrived = None
+                self._land(flights)
             raise
-        self._arrived = None
+        self._land(flights)
         outcome = StepOutcome()
-        for g in pending:
-            outcome.file(g, arrived[g.gid], kind)
+        for f in flights:
+            outcome.file(f.group, f.reply, kind)
         return outcome
 
-    # ------------------------------------------------------------------ partial batches (issue 16)
-    def _waiting(self, g: Group) -> bool:
-        return g.gid in self._inflight and self._inflight[g.gid][1] is _WAITING
+    def _land(self, flights: Sequence[Flight]) -> None:
+        for f in flights:
+            self._flights.pop(f.group.gid, None)
 
+    # ------------------------------------------------------------------ partial batches
     def in_flight(self) -> list[Group]:
         """Groups sent a step with :meth:`send_groups` whose reply was not handed out yet."""
-        return [g for g in self.groups if g.gid in self._inflight]
+        return [f.group for f in self._flights.values() if not f.batch]
 
     def send_groups(self, actions: dict[Group, Any]) -> None:
         """Send a step to each of the given groups (their actions in their envs' order); do not wait.
@@ -529,17 +562,17 @@ class GroupPool:
         Each group then steps on its own: :meth:`collect_ready` hands out the groups that
         answer first.
         """
-        if self._arrived is not None:
+        if self.stepping:
             raise RuntimeError("daskvec internal error: send_groups() while a full step is pending")
         now = time.monotonic()
         for g, group_actions in actions.items():
-            if g.gid in self._inflight:
+            if g.gid in self._flights:
                 raise RuntimeError(f"daskvec internal error: envs {g.env_indices} already have a step in flight")
+            flight = self._flights[g.gid] = Flight(g, now, batch=False)
             try:
                 g.channel.send((Command.STEP, (group_actions,)))
-                self._inflight[g.gid] = (now, _WAITING)
             except ChannelError as e:
-                self._inflight[g.gid] = (now, e)
+                flight.reply = e
 
     def collect_ready(
         self, min_envs: int, timeout: float, take: Callable[[Group, StepReply], None]
@@ -551,47 +584,41 @@ class GroupPool:
         ``timeout`` seconds after its step was sent counts as lost (``TimeoutError``).
         Groups that answered beyond the batch are kept for the next call.
         """
-        if not self._inflight:
+        mine = [f for f in self._flights.values() if not f.batch]
+        if not mine:
             raise RuntimeError("daskvec internal error: collect_ready() without send_groups()")
-        done = [g for g in self.groups if g.gid in self._inflight and self._inflight[g.gid][1] is not _WAITING]
-        while sum(len(g.env_indices) for g in done) < min_envs:
-            waiting = [g for g in self.groups if self._waiting(g)]
+        done = [f for f in mine if not f.waiting]
+        while sum(len(f.group.env_indices) for f in done) < min_envs:
+            waiting = [f for f in mine if f.waiting]
             if not waiting:
                 break
-            first_deadline = min(self._inflight[g.gid][0] for g in waiting) + timeout
-            for k in wait_ready([g.channel for g in waiting], max(first_deadline - time.monotonic(), 0.0)):
-                done.append(self._read(waiting[k], self._inflight[waiting[k].gid][0] + timeout))
+            first_deadline = min(f.sent for f in waiting) + timeout
+            for k in wait_ready([f.group.channel for f in waiting], max(first_deadline - time.monotonic(), 0.0)):
+                done.append(self._read(waiting[k], waiting[k].sent + timeout))
             now = time.monotonic()
-            for g in waiting:
-                if g not in done and now >= self._inflight[g.gid][0] + timeout:
-                    self._inflight[g.gid] = (0.0, TimeoutError(f"no reply within {timeout:.1f}s"))
-                    done.append(g)
-        batch: list[Group] = []
-        for g in done:  # the first to answer, up to min_envs; the others wait for the next call
-            if sum(len(b.env_indices) for b in batch) >= min_envs:
+            for f in waiting:
+                if f.waiting and now >= f.sent + timeout:
+                    f.reply = TimeoutError(f"no reply within {timeout:.1f}s")
+                    done.append(f)
+        batch: list[Flight] = []
+        for f in done:  # the first to answer, up to min_envs; the others wait for the next call
+            if sum(len(b.group.env_indices) for b in batch) >= min_envs:
                 break
-            batch.append(g)
-        return batch, self._hand_out(batch, take)
-
-    def _read(self, g: Group, deadline: float) -> Group:
-        try:
-            reply = g.channel.recv(max(deadline - time.monotonic(), 0.1))
-        except (ChannelError, TimeoutError) as e:
-            reply = e
-        self._inflight[g.gid] = (0.0, reply)
-        return g
-
-    def _hand_out(self, done: list[Group], take: Callable[[Group, StepReply], None]) -> StepOutcome:
+            batch.append(f)
+        self._land(batch)
         outcome = StepOutcome()
-        replies = {g: self._inflight.pop(g.gid)[1] for g in done}
-        for g, reply in replies.items():
-            if outcome.file(g, reply):
-                take(g, reply)
-        return outcome
+        for f in batch:
+            if outcome.file(f.group, f.reply):
+                take(f.group, f.reply)
+        return [f.group for f in batch], outcome
 
-
-#: The reply of a group in flight that has not been read yet.
-_WAITING: Any = object()
+    @staticmethod
+    def _read(flight: Flight, deadline: float) -> Flight:
+        try:
+            flight.reply = flight.group.channel.recv(max(deadline - time.monotonic(), 0.1))
+        except (ChannelError, TimeoutError) as e:
+            flight.reply = e
+        return flight
 
 
 def _is_placement_failure(exc: BaseException) -> bool:

@@ -19,6 +19,7 @@ Stable-Baselines3, torch and Dask.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -30,6 +31,8 @@ __all__ = [
     "MASK_METHOD",
     "Autoreset",
     "Command",
+    "GroupDesc",
+    "GroupSpec",
     "RemoteError",
     "ResetReply",
     "RolloutReply",
@@ -41,6 +44,10 @@ __all__ = [
 
 #: Marker key that daskvec adds to an env's ``info`` when it was restarted or moved.
 INFO_KEY = "daskvec"
+
+#: Every env-group actor's Dask key starts with this (the dashboard and the
+#: scale-down plugin recognise daskvec actors by it).
+GROUP_KEY_PREFIX = "daskvec-group-"
 
 #: The env method whose results travel with every step and reset reply (issue 14:
 #: sb3-contrib's ``MaskablePPO`` asks every env for its action masks before every step).
@@ -113,6 +120,109 @@ def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) ->
     """
     entropy = [0 if base_seed is None else int(base_seed) & 0xFFFFFFFF, int(env_index), int(restarts)]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """Everything the client tells a new env group, in one record (pool to worker).
+
+    Attributes
+    ----------
+    env_indices : tuple of int
+        The vec-env index of each env, for error messages and restart seeds.
+    token : bytes or None
+        Secret of the direct channel; ``None`` serves Dask actor calls only.
+    on_env_error : {"raise", "restart"}
+        What to do when an env raises in ``step`` or ``reset``.
+    max_restarts : int
+        Per-env budget of restarts after env errors.
+    error_restarts : tuple of int, optional
+        Error restarts of these envs in an earlier life (they count against the budget).
+    rebuilds : tuple of int, optional
+        How many times each env was rebuilt so far, for any reason: the restart count
+        its next restart seed derives from (see :func:`restart_seed`).
+    base_seeds : tuple of int or None, optional
+        The seed the user last gave each env, which restart seeds derive from.
+    busy_poll : float or None
+        Seconds the direct channel polls for the next request after each reply;
+        ``None``: the worker's own Dask config ``daskvec.busy-poll``.
+    send_masks : bool
+        Send the envs' action masks with every reply when they all have some.
+    autoreset : str
+        When a finished env is reset (an :class:`Autoreset` value).
+    tls : bool
+        Make the direct channel's TCP socket TLS, with the worker's certificates.
+    build_timeout : float or None
+        Seconds the factories may take in all (``None``: no limit).
+    """
+
+    env_indices: tuple[int, ...]
+    token: bytes | None = None
+    on_env_error: str = "raise"
+    max_restarts: int = 10
+    error_restarts: tuple[int, ...] | None = None
+    rebuilds: tuple[int, ...] | None = None
+    base_seeds: tuple[int | None, ...] | None = None
+    busy_poll: float | None = 0.0
+    send_masks: bool = True
+    autoreset: str = "SameStep"
+    tls: bool = False
+    build_timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDesc:
+    """What an env group says about itself once built (worker to client).
+
+    Attributes
+    ----------
+    worker : str
+        Address of the worker holding it.
+    pid : int
+        Id of the worker's process.
+    machine : str
+        :func:`daskvec.transport.machine_id` of its host (a Unix socket is usable
+        only from the same machine).
+    observation_spaces, action_spaces : tuple of gymnasium.spaces.Space
+        Each env's spaces.
+    address : tuple or None
+        ``(host, port)`` of the direct channel's TCP socket (``None``: actor calls only).
+    unix_path : str or None
+        Path of its Unix socket, if it has one.
+    tls : bool
+        Whether the TCP socket speaks TLS.
+    deadline : float or None
+        When the worker is expected to leave (epoch seconds), if known.
+    profiler_hazard : bool
+        Whether the worker samples thread stacks on CPython 3.11 (see ``probes.profiler_hazard``).
+    busy_poll : float or None
+        The busy-poll budget the channel applies.
+    env_pid : int or None
+        Id of the env process (``env_process=True``), else ``None``.
+    """
+
+    worker: str
+    pid: int
+    machine: str
+    observation_spaces: tuple[Any, ...]
+    action_spaces: tuple[Any, ...]
+    address: tuple[Any, ...] | None = None
+    unix_path: str | None = None
+    tls: bool = False
+    deadline: float | None = None
+    profiler_hazard: bool = False
+    busy_poll: float | None = None
+    env_pid: int | None = None
+
+    @property
+    def observation_space(self) -> Any:
+        """The first env's observation space."""
+        return self.observation_spaces[0]
+
+    @property
+    def action_space(self) -> Any:
+        """The first env's action space."""
+        return self.action_spaces[0]
 
 
 @dataclass(slots=True, eq=False)
@@ -278,6 +388,10 @@ class RolloutRequest:
     n_steps: int
     obs_norm: dict[str, Any] | None = None
     seed: int | None = None
+
+    def shorter(self, by: int) -> RolloutRequest:
+        """The same request for ``by`` fewer steps (the rest of a rollout, recollected)."""
+        return dataclasses.replace(self, n_steps=self.n_steps - by)
 
 
 @dataclass(slots=True, eq=False)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -380,20 +380,42 @@ class Recovery:
         """Whether a rebalance was planned and not carried out yet."""
         return self._moves is not None
 
-    def migrate(self) -> list[Rebuild]:
-        """Carry out due moves: a planned rebalance, or groups near their worker's end."""
+    @property
+    def migration_due(self) -> bool:
+        """Whether :meth:`migrate` may have something to do now (cheap: no scan of the groups)."""
+        if self._moves is not None:
+            return True
+        now = time.monotonic()
+        if self.options.auto_rebalance and now - self._last_rebalance_check > self.options.rebalance_interval:
+            return True
+        return self.directory.any_deadline and now >= self._next_migrate_check
+
+    def migrate(self, only: Collection[Group] | None = None) -> list[Rebuild]:
+        """Carry out due moves: a planned rebalance, or groups near their worker's end.
+
+        ``only``: move none but these groups (a partial batch moves only the groups it
+        hands out, since others may have a step in flight); a planned rebalance that
+        needs others waits.
+        """
         if (
             self.options.auto_rebalance
             and time.monotonic() - self._last_rebalance_check > self.options.rebalance_interval
         ):
             self._last_rebalance_check = time.monotonic()
             self.plan_rebalance()
-        moves, self._moves = self._moves, None
+        moves = self._moves
         if moves is not None and any(g not in self.pool.groups for g in moves[0]):
-            moves = None  # groups changed since the plan was made (e.g. a worker was lost): replan later
+            moves = self._moves = None  # groups changed since the plan was made (e.g. a worker was lost): replan later
+        if moves is not None and only is not None and any(g not in only for g in moves[0]):
+            moves = None  # kept for a call that may move them all
+        elif moves is not None:
+            self._moves = None
         if moves is None and self.directory.any_deadline and time.monotonic() >= self._next_migrate_check:
+            # scanned at most once a second: a deadline is learned when a group is placed
+            self._next_migrate_check = time.monotonic() + 1.0
             now = time.time()
-            leaving = [g for g in self.pool.groups if self.directory.leaving(g.worker, now)]
+            candidates = self.pool.groups if only is None else [g for g in self.pool.groups if g in only]
+            leaving = [g for g in candidates if self.directory.leaving(g.worker, now)]
             moves = self._plan_migration(leaving) if leaving else None
         if moves is None:
             return []

@@ -4,11 +4,13 @@
 :class:`~daskvec.protocol.RolloutRequest` (built by :class:`PolicyShipment`), collects
 the groups' fragments as one outcome of the pool, recollects the fragment of a group
 whose worker was lost (from the rebuilt envs), and returns a :class:`Rollout`: the
-fragments stitched into ``(n_steps, n_envs)`` arrays in env order. The learner
-(:mod:`daskvec.sb3`) then replays the rollout step by step with :meth:`Rollout.feed`,
-which writes each step into the vec env's step buffers exactly as a synchronous
-``step_wait`` would: SB3's info dicts, truncations of rebuilt envs and the vec env's
-state come from the same code.
+fragments stitched into ``(n_steps, n_envs)`` arrays in env order. Collecting is the
+engine's step lifecycle (:meth:`daskvec.engine.Engine.finish`), with the rebuilt and
+moved groups recorded instead of written. The learner (:mod:`daskvec.sb3`) then has
+the vec env replay the rollout step by step (:meth:`daskvec.DaskVecEnv.replay`),
+which writes each step into its buffers exactly as a synchronous ``step_wait`` would:
+SB3's info dicts, truncations of rebuilt envs and the vec env's state come from the
+same code.
 
 What a lost worker costs (see docs/rollouts.md): its fragment. Its envs are rebuilt
 elsewhere and, as on the synchronous path, report a truncation at the rollout's first
@@ -25,24 +27,23 @@ import logging
 import secrets
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
 from daskvec.cluster import dumps_by_value
+from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.pool import Group, StepOutcome
-from daskvec.protocol import Command, RolloutReply, RolloutRequest
+from daskvec.protocol import Command, RolloutReply, RolloutRequest, StepReply
 from daskvec.recovery import Rebuild
-
-if TYPE_CHECKING:
-    from daskvec.vec_env import DaskVecEnv
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PolicyShipment", "Rollout", "collect_rollout"]
+__all__ = ["Collected", "Part", "PolicyShipment", "Rollout", "collect_rollout"]
 
 #: Policy versions: unique across learners and client processes (a random start).
 _VERSIONS = itertools.count(secrets.randbits(40) << 16)
@@ -107,12 +108,39 @@ class PolicyShipment:
 
 
 @dataclass(eq=False)
-class _Part:
+class Part:
     """One group's fragment and the vec-step its first step is (0, or 1 when recollected)."""
 
     group: Group
     reply: RolloutReply
     offset: int
+
+
+class _Recorder:
+    """The rollout's sink: groups rebuilt after a loss (reported at step 0) and moved at the end."""
+
+    def __init__(self) -> None:
+        self.rebuilds: list[Rebuild] = []
+        self.moved: list[Rebuild] = []
+
+    def take_step(self, group: Group, reply: StepReply) -> None:
+        raise RuntimeError(f"daskvec internal error: a step reply of envs {group.env_indices} during a rollout")
+
+    def report_rebuilds(self, rebuilds: Sequence[Rebuild], during: str) -> None:
+        for r in rebuilds:
+            moved = all(r.moved(i) for i in r.group.env_indices)
+            (self.moved if moved else self.rebuilds).append(r)
+
+
+@dataclass(eq=False)
+class Collected:
+    """What :func:`collect_rollout` brings back: plain data for the face to stitch and replay."""
+
+    n_steps: int
+    parts: list[Part]
+    rebuilds: list[Rebuild]
+    moved: list[Rebuild]
+    wall_seconds: float
 
 
 @dataclass(eq=False)
@@ -138,6 +166,8 @@ class Rollout:
     terminal_values : dict of (int, int) to float
         By ``(step, env index)``: the worker's value of the last observation of each
         episode truncated there (see :meth:`terminal_value`).
+    parts : list of Part
+        The groups' fragments, as they came (what :meth:`daskvec.DaskVecEnv.replay` reads).
     rebuilds, moved : list of Rebuild
         Groups rebuilt after a loss (reported at step 0) and moved at the end
         (reported at the last step), as on the synchronous path.
@@ -154,13 +184,12 @@ class Rollout:
     rewards: np.ndarray
     missing: np.ndarray
     terminal_values: dict[tuple[int, int], float] = field(default_factory=dict)
+    parts: list[Part] = field(default_factory=list, repr=False)
     rebuilds: list[Rebuild] = field(default_factory=list)
     moved: list[Rebuild] = field(default_factory=list)
     env_seconds: float = 0.0
     policy_seconds: float = 0.0
     wall_seconds: float = 0.0
-    _parts: list[_Part] = field(default_factory=list, repr=False)
-    _venv: Any = field(default=None, repr=False)
 
     def terminal_value(self, t: int, i: int) -> float | None:
         """The worker's ``V(terminal observation)`` of env ``i`` truncated at step ``t``, if it computed one."""
@@ -172,124 +201,97 @@ class Rollout:
         self.values[0, self.missing] = np.asarray(values, dtype=np.float32).reshape(-1)
         self.log_probs[0, self.missing] = np.asarray(log_probs, dtype=np.float32).reshape(-1)
 
-    def feed(self, t: int) -> VecEnvStepReturn:
-        """Write step ``t`` into the vec env's buffers and return what ``step_wait`` would have.
+    @classmethod
+    def stitch(cls, collected: Collected, obs0: np.ndarray, action_space: gym.Space[Any]) -> Rollout:
+        """The fragments as ``(n_steps, n_envs)`` arrays in env order; ``obs0``: the observations before step 0."""
+        n, n_steps, parts = len(obs0), collected.n_steps, collected.parts
+        obs = np.zeros((n_steps + 1, *obs0.shape), dtype=obs0.dtype)
+        obs[0] = obs0
+        if parts:
+            ref = parts[0].reply.actions
+            actions = np.zeros((n_steps, n, *ref.shape[2:]), dtype=ref.dtype)
+        else:
+            actions = np.zeros((n_steps, n, *(action_space.shape or ())), dtype=np.float32)
+        rollout = cls(
+            n_steps, n, obs, actions,
+            values=np.zeros((n_steps, n), dtype=np.float32),
+            log_probs=np.zeros((n_steps, n), dtype=np.float32),
+            rewards=np.zeros((n_steps, n), dtype=np.float64),
+            missing=np.array(sorted(i for r in collected.rebuilds for i in r.group.env_indices), dtype=np.intp),
+            parts=parts, rebuilds=collected.rebuilds, moved=collected.moved, wall_seconds=collected.wall_seconds,
+        )  # fmt: skip
+        for r in collected.rebuilds:
+            rollout.obs[1, r.group.index] = r.reply.obs
+        for part in parts:
+            rollout._place(part)
+        return rollout
 
-        Steps must be fed in order, once each.
-        """
-        venv = self._venv
-        for part in self._parts:
-            if t >= part.offset:
-                venv._take_step(part.group, part.reply.step(t - part.offset))
-        if t == 0:
-            venv._buffers.apply_deferred()
-            venv._buffers.report_rebuilds(self.rebuilds, "step")
-        if t == self.n_steps - 1:
-            venv._buffers.report_rebuilds(self.moved, "step")
-        venv._recovery.steps += 1
-        return venv._buffers.result()
+    def _place(self, part: Part) -> None:
+        """Copy one fragment into the rollout's rows of its envs, from step ``part.offset`` on."""
+        rows, k, reply = part.group.index, part.offset, part.reply
+        steps = reply.n_steps
+        if k + steps != self.n_steps:
+            raise DaskVecEnvError(
+                f"daskvec internal error: a fragment of {steps} steps from step {k} in a rollout of {self.n_steps}"
+            )
+        self.obs[k : k + steps + 1, rows] = reply.obs
+        self.actions[k:, rows] = reply.actions
+        self.values[k:, rows] = reply.values
+        self.log_probs[k:, rows] = reply.log_probs
+        self.rewards[k:, rows] = reply.rewards
+        self.env_seconds = max(self.env_seconds, reply.env_seconds)
+        self.policy_seconds = max(self.policy_seconds, reply.policy_seconds)
+        indices = part.group.env_indices
+        for t, by_pos in reply.terminal_values.items():
+            for pos, value in by_pos.items():
+                self.terminal_values[(t + k, indices[pos])] = value
 
 
 # --------------------------------------------------------------------------- collecting
-def collect_rollout(
-    venv: DaskVecEnv, shipment: PolicyShipment, n_steps: int, obs_norm: dict[str, Any] | None, timeout: float
-) -> Rollout:
-    """Collect a rollout on ``venv``'s groups (see :meth:`daskvec.DaskVecEnv.collect_rollout`)."""
+def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> Collected:
+    """Collect a rollout on ``engine``'s groups (see :meth:`daskvec.DaskVecEnv.collect_rollout`).
+
+    Each pass is finished by :meth:`Engine.finish <daskvec.engine.Engine.finish>`: lost
+    groups rebuilt, an env's error raised, moves carried out on the last pass; a lost
+    fragment is recollected from its rebuilt envs for the rest of the rollout.
+    """
     started = time.perf_counter()
-    pool = venv._pool_or_raise()
-    parts: dict[Group, _Part] = {}
-    rebuilds: list[Rebuild] = []
-    outcome = _run(pool, list(pool.groups), shipment.request(n_steps, obs_norm), parts, 0, timeout)
+    n_steps = request.n_steps
+    parts: dict[Group, Part] = {}
+    recorder = _Recorder()
+    groups = list(engine.groups)
     for attempt in range(_ATTEMPTS + 1):
-        if outcome.lost:
-            if attempt == _ATTEMPTS:
-                lost = sorted(i for g in outcome.lost for i in g.env_indices)
+        offset = 0 if attempt == 0 else 1
+        outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout)
+        if outcome.lost and attempt == _ATTEMPTS:
+            lost = sorted(i for g in outcome.lost for i in g.env_indices)
+            with engine.fail_stop():
                 raise WorkerLostError(f"the rollout fragments of envs {lost} were lost {_ATTEMPTS + 1} times",
                                       env_indices=lost, worker=next(iter(outcome.lost)).worker)  # fmt: skip
-            new = _rebuild(venv, outcome.lost, timeout)
-            rebuilds = [r for r in rebuilds if r.group not in outcome.lost] + new
-        if outcome.errors:
-            outcome.errors[0][1].raise_()
-        if not outcome.lost or n_steps == 1:
+        last = not outcome.lost or n_steps == 1
+        # a group lost again drops the rebuild that made it; the one replacing it reports at step 0
+        recorder.rebuilds = [r for r in recorder.rebuilds if r.group not in outcome.lost]
+        engine.finish(outcome, recorder, migrate=None if last else (), steps=0)
+        if last:
             break
-        # the rest of the rollout, from the rebuilt envs' first observations
-        again = [r.group for r in new]
-        outcome = _run(pool, again, shipment.request(n_steps - 1, obs_norm), parts, 1, timeout)
-    try:
-        moved = venv._recovery.migrate()
-    except WorkerLostError as e:
-        venv._break(e)
-        raise
-    rollout = _stitch(venv, n_steps, list(parts.values()), rebuilds)
-    rollout.moved = moved
-    rollout.wall_seconds = time.perf_counter() - started
-    return rollout
+        groups = [r.group for r in recorder.rebuilds if r.group not in parts]
+    return Collected(n_steps, list(parts.values()), recorder.rebuilds, recorder.moved, time.perf_counter() - started)
 
 
 def _run(
-    pool: Any, groups: list[Group], request: RolloutRequest, parts: dict[Group, _Part], offset: int, timeout: float
+    engine: Engine, groups: list[Group], request: RolloutRequest, parts: dict[Group, Part], offset: int, timeout: float
 ) -> StepOutcome:
-    """Send ``request`` to ``groups`` and collect their fragments into ``parts``."""
+    """Send ``request`` to ``groups`` and collect their fragments into ``parts``.
+
+    Interrupted while fragments are on their way, the engine breaks: they could not be
+    matched up with a later request.
+    """
+    assert engine.pool is not None
 
     def take(g: Group, reply: RolloutReply) -> None:
-        parts[g] = _Part(g, reply, offset)
+        parts[g] = Part(g, reply, offset)
 
-    pool.send(lambda g: (Command.ROLLOUT, (request,)), groups)
-    outcome: StepOutcome = pool.collect(timeout, take, RolloutReply)
+    with engine.fail_stop():
+        engine.pool.send(lambda g: (Command.ROLLOUT, (request,)), groups)
+        outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
     return outcome
-
-
-def _rebuild(venv: DaskVecEnv, lost: dict[Group, BaseException], timeout: float) -> list[Rebuild]:
-    """Rebuild lost groups elsewhere, as a synchronous step would (or break the vec env)."""
-    try:
-        return venv._recovery.handle_lost(lost, timeout)
-    except WorkerLostError as e:
-        venv._break(e)
-        raise
-
-
-def _stitch(venv: DaskVecEnv, n_steps: int, parts: list[_Part], rebuilds: list[Rebuild]) -> Rollout:
-    """The fragments as ``(n_steps, n_envs)`` arrays in env order."""
-    n = venv.num_envs
-    ref = parts[0].reply if parts else None
-    obs0 = venv._buffers.obs[None]
-    obs = np.zeros((n_steps + 1, *obs0.shape), dtype=obs0.dtype)
-    obs[0] = obs0
-    if ref is not None:
-        actions = np.zeros((n_steps, n, *ref.actions.shape[2:]), dtype=ref.actions.dtype)
-    else:
-        actions = np.zeros((n_steps, n, *(venv.action_space.shape or ())), dtype=np.float32)
-    rollout = Rollout(
-        n_steps, n, obs, actions,
-        values=np.zeros((n_steps, n), dtype=np.float32),
-        log_probs=np.zeros((n_steps, n), dtype=np.float32),
-        rewards=np.zeros((n_steps, n), dtype=np.float64),
-        missing=np.array(sorted(i for r in rebuilds for i in r.group.env_indices), dtype=np.intp),
-        rebuilds=rebuilds, _parts=parts, _venv=venv,
-    )  # fmt: skip
-    for r in rebuilds:
-        rollout.obs[1, r.group.index] = r.reply.obs
-    for part in parts:
-        _place(rollout, part)
-    return rollout
-
-
-def _place(rollout: Rollout, part: _Part) -> None:
-    """Copy one fragment into the rollout's rows of its envs, from step ``part.offset`` on."""
-    rows, k, reply = part.group.index, part.offset, part.reply
-    steps = reply.n_steps
-    if k + steps != rollout.n_steps:
-        raise DaskVecEnvError(
-            f"daskvec internal error: a fragment of {steps} steps from step {k} in a rollout of {rollout.n_steps}"
-        )
-    rollout.obs[k : k + steps + 1, rows] = reply.obs
-    rollout.actions[k:, rows] = reply.actions
-    rollout.values[k:, rows] = reply.values
-    rollout.log_probs[k:, rows] = reply.log_probs
-    rollout.rewards[k:, rows] = reply.rewards
-    rollout.env_seconds = max(rollout.env_seconds, reply.env_seconds)
-    rollout.policy_seconds = max(rollout.policy_seconds, reply.policy_seconds)
-    indices = part.group.env_indices
-    for t, by_pos in reply.terminal_values.items():
-        for pos, value in by_pos.items():
-            rollout.terminal_values[(t + k, indices[pos])] = value

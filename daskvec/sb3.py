@@ -204,7 +204,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
             values = th.as_tensor(rollout.values[t]).reshape(-1, 1)
             log_probs = th.as_tensor(rollout.log_probs[t])
             clipped_actions = self._env_actions(actions)
-            fed = rollout.feed(t)
+            fed = plan.venv.replay(rollout, t)
             raw_obs, raw_rewards, _, raw_infos = np.asarray(fed[0]), fed[1], fed[2], fed[3]
             new_obs, rewards, dones, infos = replay(fed)
             if plan.normalize is not None:  # the stats the policy saw, frozen for the rollout

@@ -22,31 +22,22 @@ import enum
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from daskvec.buffers import StepBuffers
-from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.display import notebook_html
-from daskvec.engine import Engine
-from daskvec.errors import (
-    AlreadySteppingError,
-    ClosedEnvError,
-    DaskVecEnvError,
-    NoAsyncCallError,
-    WorkerLostError,
-)
+from daskvec.engine import Engine, EngineViews
+from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError, NoAsyncCallError
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
-from daskvec.pool import Group, GroupPool, StepOutcome
-from daskvec.protocol import MASK_METHOD, Command, ResetReply
+from daskvec.pool import Group
+from daskvec.protocol import MASK_METHOD, Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild
-
-if TYPE_CHECKING:
-    from daskvec.rollout import PolicyShipment, Rollout
+from daskvec.rollout import PolicyShipment, Rollout, collect_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +49,31 @@ class State(enum.Enum):
 
     IDLE = "idle"  # ready for any call
     STEPPING = "stepping"  # step_async() sent a step that step_wait() has not collected
-    BROKEN = "broken"  # envs were lost for good (on_worker_lost="raise"): only close() is left
+    BROKEN = "broken"  # envs or the scheduler were lost for good: only close() is left
     CLOSED = "closed"
 
 
-class DaskVecEnv(VecEnv):
+class _Sink:
+    """The SB3 face's sink (:class:`daskvec.engine.Sink`): its step buffers, and the action masks the replies bring."""
+
+    def __init__(self, buffers: StepBuffers, masks: ActionMaskCache) -> None:
+        self.buffers, self.masks = buffers, masks
+
+    def take_step(self, group: Group, reply: StepReply) -> None:
+        self.buffers.take_step(group, reply)
+        self.masks.take(group.env_indices, reply.masks)
+
+    def take_reset(self, group: Group, reply: ResetReply) -> None:
+        self.buffers.take_reset(group, reply)
+        self.masks.take(group.env_indices, reply.masks)
+
+    def report_rebuilds(self, rebuilds: Sequence[Rebuild], during: str) -> None:
+        self.buffers.report_rebuilds(rebuilds, during)
+        for r in rebuilds:
+            self.masks.take(r.group.env_indices, r.reply.masks)
+
+
+class DaskVecEnv(EngineViews, VecEnv):
     """A vectorized environment whose envs live as Dask actors on a cluster.
 
     A drop-in replacement for ``SubprocVecEnv``: the same step, reset, seeding and
@@ -119,8 +130,9 @@ class DaskVecEnv(VecEnv):
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     step_timeout : float, optional
-        Seconds a step may take before its envs are treated as hung; defaults to
-        ``timeout``.
+        Seconds a step may take before its envs are treated as hung and rebuilt
+        elsewhere (default 60: a frozen worker stalls the run at most that long;
+        keep it well above the slowest honest step). ``None`` in the config: ``timeout``.
     on_worker_lost : {"restart", "raise"}
         When a worker holding envs dies or hangs: rebuild its envs on live workers
         and report truncations (default), or raise :class:`~daskvec.errors.WorkerLostError`.
@@ -208,15 +220,11 @@ class DaskVecEnv(VecEnv):
         # every keyword named like an option (None: from Dask's config, see daskvec.config)
         options = Options.create(**{k: v for k, v in locals().items() if k in Options.names()})
         ignore_subproc_keywords(start_method=start_method)
-        self._pool: GroupPool | None = None
         engine = self._engine = Engine(env_fns, client, options, cluster_kwargs)
         self.env_fns, self.client, self.options = engine.env_fns, engine.client, engine.options
-        # the engine's parts, under the names the SB3 face (and its tests) use
-        self._pool, self._directory = engine.pool, engine.directory
-        self._ledger, self._recovery = engine.ledger, engine.recovery
         self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
         self._masks = ActionMaskCache(engine.n_envs)
-        self.timer = engine.timer
+        self._sink = _Sink(self._buffers, self._masks)
         self._state = State.IDLE
         super().__init__(engine.n_envs, engine.observation_space, engine.action_space)  # asks the envs for render_mode
         self.reset_infos = self._buffers.reset_infos
@@ -226,7 +234,14 @@ class DaskVecEnv(VecEnv):
     @property
     def state(self) -> State:
         """Where the vec env is in its life (see :class:`State`)."""
+        if self._state is not State.CLOSED and self._engine.broken is not None:
+            return State.BROKEN
         return self._state
+
+    @property
+    def timer(self) -> Any:
+        """The client's time split (:class:`daskvec.metrics.ClientTimer`), read by the dashboard and SB3's logger."""
+        return self._engine.timer
 
     @property
     def closed(self) -> bool:
@@ -240,35 +255,32 @@ class DaskVecEnv(VecEnv):
 
     def _enter(self, *allowed: State) -> None:
         """Check that the vec env may be called now; raise the typed error that says why not."""
-        if self._state in allowed:
+        state = self.state
+        if state in allowed:
             return
-        if self._state is State.CLOSED:
+        if state is State.CLOSED:
             raise ClosedEnvError("this DaskVecEnv is closed; create a new one")
-        if self._state is State.BROKEN:
-            raise DaskVecEnvError(
-                f"this DaskVecEnv lost envs earlier ({type(self._broken).__name__}: {self._broken}); "
-                "close it and create a new one, or use on_worker_lost='restart'"
-            )
-        if self._state is State.STEPPING:
+        if state is State.BROKEN:
+            self._engine.check()
+        if state is State.STEPPING:
             raise AlreadySteppingError("a step is pending: call step_wait() before any other call")
         raise NoAsyncCallError("step_wait() called without a pending step_async()")
 
-    def _break(self, err: BaseException) -> None:
-        self._broken = err
-        self._state = State.BROKEN
-
     @property
     def _groups(self) -> list[Group]:
-        return [] if self._pool is None else self._pool.groups
+        return [] if self.closed else self._engine.groups
 
     # ------------------------------------------------------------------ reset / step
     def reset(self) -> VecEnvObs:
         """Reset all environments, applying pending seeds and options once (see base class)."""
         self._enter(State.IDLE)
-        if self._recovery.moves_planned:
-            self._rebuilt("reset", self._recovery.migrate)
+        engine = self._engine
+        if engine.recovery.moves_planned:
+            engine.report(self._sink, "reset", engine.recovery.migrate)
         self._buffers.forget_deferred()
-        self._engine.reset_groups(list(self._seeds), list(self._options), self._take_reset, self._on_lost_reset)
+        engine.reset_groups(
+            list(self._seeds), list(self._options), self._sink.take_reset, engine.lost_handler(self._sink, "reset")
+        )
         self._reset_seeds()
         self._reset_options()
         self._buffers.has_obs = True
@@ -283,42 +295,22 @@ class DaskVecEnv(VecEnv):
                 f"got {n if n >= 0 else 'a non-sequence of'} actions for {self.num_envs} envs; "
                 "pass one action per env (an array whose first axis has length num_envs)"
             )
-        self.timer.sent()
         self._masks.forget()  # until the replies bring the new ones
         self._state = State.STEPPING
-        self._pool_or_raise().send_step(actions)
+        self._engine.send_step(actions)
 
     def step_wait(self) -> VecEnvStepReturn:
         """Wait once for all groups' results and return them (see base class)."""
         self._enter(State.STEPPING)
-        pool, buffers = self._pool_or_raise(), self._buffers
+        engine = self._engine
         try:
-            outcome = pool.collect_step(self.options.step_timeout, self._take_step)
+            outcome = engine.collect_step(self._sink)
         finally:
-            if not pool.stepping:  # collected (or given up); an interrupted wait stays pending
+            if not engine.stepping:  # collected; an interrupted wait stays pending
                 self._state = State.IDLE
-        buffers.apply_deferred()
-        self.timer.received(outcome.env_seconds)
-        self._recovery.steps += 1
-        # lost groups first, so that none is left behind with a reply in flight; if an
-        # env raised, the step is not handed out, and the rebuilt envs report in the next
-        during = "deferred" if outcome.errors else "step"
-        if outcome.lost:
-            self._rebuilt(during, self._recovery.handle_lost, outcome.lost, self.options.step_timeout)
-        self._raise_env_error(outcome)
-        self._rebuilt("step", self._recovery.migrate)
-        self._engine.maybe_publish()
-        return buffers.result()
-
-    def _take_reset(self, group: Group, reply: ResetReply) -> None:
-        self._buffers.take_reset(group, reply)
-        self._masks.take(group.env_indices, reply.masks)
-
-    def _on_lost_reset(self, lost: dict[Group, BaseException], waited: float) -> None:
-        self._rebuilt("reset", self._recovery.handle_lost, lost, waited)
-
-    def _on_lost_deferred(self, lost: dict[Group, BaseException], waited: float) -> None:
-        self._rebuilt("deferred", self._recovery.handle_lost, lost, waited)
+        self._buffers.apply_deferred()
+        engine.finish(outcome, self._sink)
+        return self._buffers.result()
     def collect_rollout(
         self, shipment: PolicyShipment, n_steps: int, obs_norm: dict[str, Any] | None = None
     ) -> Rollout:
@@ -347,50 +339,37 @@ class DaskVecEnv(VecEnv):
         Rollout
             Waiting at most ``step_timeout * n_steps`` for the fragments.
         """
-        from daskvec.rollout import collect_rollout
-
         self._enter(State.IDLE)
         if not self._buffers.has_obs:
             raise DaskVecEnvError("reset() the vec env before collecting a rollout")
         if int(n_steps) < 1:
             raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
-        pool = self._pool_or_raise()
-        try:
-            rollout = collect_rollout(self, shipment, int(n_steps), obs_norm, self.options.step_timeout * n_steps)
-        except BaseException as e:
-            if pool.stepping:  # interrupted while fragments were on their way: they cannot be matched up
-                self._break(e)
-            raise
-        self.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
-        self._engine.maybe_publish()
+        engine = self._engine
+        request = shipment.request(int(n_steps), obs_norm)
+        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps)
+        rollout = Rollout.stitch(collected, self._buffers.obs[None], self.action_space)
+        engine.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
+        engine.maybe_publish()
         return rollout
 
-    def _take_step(self, group: Group, reply: Any) -> None:
-        self._buffers.take_step(group, reply)
-        self._masks.take(group.env_indices, reply.masks)
-        if reply.restarted:
-            self._ledger.env_errors(group, reply.restarted, self._recovery.steps)
+    def replay(self, rollout: Rollout, t: int) -> VecEnvStepReturn:
+        """Write step ``t`` of a rollout into this vec env and return what ``step_wait`` would have.
 
-    @staticmethod
-    def _raise_env_error(outcome: StepOutcome) -> None:
-        if outcome.errors:
-            outcome.errors[0][1].raise_()
-
-    def _rebuilt(self, during: str, rebuild: Callable[..., list[Rebuild]], *args: Any) -> None:
-        """Run a recovery action and report what it rebuilt; a recovery that fails breaks the vec env."""
-        try:
-            rebuilds = rebuild(*args)
-        except WorkerLostError as e:  # includes StepTimeoutError
-            self._break(e)
-            raise
-        self._buffers.report_rebuilds(rebuilds, during)
-        for r in rebuilds:
-            self._masks.take(r.group.env_indices, r.reply.masks)
-
-    def _pool_or_raise(self) -> GroupPool:
-        if self._pool is None:
-            raise ClosedEnvError("this DaskVecEnv is closed; create a new one")
-        return self._pool
+        Steps must be replayed in order, once each: the envs rebuilt during the
+        rollout report their truncation at step 0, those moved at its end at the last.
+        """
+        self._enter(State.IDLE)
+        take = self._engine.taker(self._sink)
+        for part in rollout.parts:
+            if t >= part.offset:
+                take(part.group, part.reply.step(t - part.offset))
+        if t == 0:
+            self._buffers.apply_deferred()
+            self._sink.report_rebuilds(rollout.rebuilds, "step")
+        if t == rollout.n_steps - 1:
+            self._sink.report_rebuilds(rollout.moved, "step")
+        self._engine.recovery.steps += 1
+        return self._buffers.result()
 
     # ------------------------------------------------------------------ per-env calls
     def _per_env(
@@ -398,9 +377,9 @@ class DaskVecEnv(VecEnv):
     ) -> list[Any]:
         """Run an attribute-style command on the selected envs; results in the requested order."""
         self._enter(State.IDLE)
-        self._pool_or_raise()
-        wanted = self._engine.positions(indices)
-        return self._engine.per_env(cmd, lambda _g, p: make_args(p), wanted, self._on_lost_deferred)
+        engine = self._engine
+        wanted = engine.positions(indices)
+        return engine.per_env(cmd, lambda _g, p: make_args(p), wanted, engine.lost_handler(self._sink, "deferred"))
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """Return attribute from vectorized environment (see base class)."""
@@ -477,41 +456,11 @@ class DaskVecEnv(VecEnv):
             How many envs will be rebuilt (0 when the envs are already balanced).
         """
         self._enter(State.IDLE)
-        moved = self._recovery.plan_rebalance()
+        engine = self._engine
+        moved = engine.recovery.plan_rebalance()
         if moved and not self._buffers.has_obs:
-            self._rebuilt("reset", self._recovery.migrate)
+            engine.report(self._sink, "reset", engine.recovery.migrate)
         return moved
-
-    @property
-    def restart_counts(self) -> np.ndarray:
-        """How many times each env was rebuilt (lost worker, hang, move or env error)."""
-        return self._ledger.restart_counts
-
-    @property
-    def error_restarts(self) -> np.ndarray:
-        """How many of each env's rebuilds were caused by its own exceptions."""
-        return self._ledger.error_restarts
-
-    @property
-    def restart_log(self) -> list[dict[str, Any]]:
-        """One entry per rebuilt env: index, reason, worker, step."""
-        return self._ledger.log
-
-    @property
-    def transport(self) -> str:
-        """The transport in use: ``"auto"``, ``"direct"``, ``"actor"`` (also on a secured cluster
-        without a client TLS context) or ``"direct-insecure"``; see :meth:`transport_summary`
-        and :attr:`encrypted`."""
-        return self.options.transport
-
-    @property
-    def encrypted(self) -> bool:
-        """Whether the direct channels are TLS (a secured cluster; see docs/security.md)."""
-        return self.options.encrypted
-
-    def transport_summary(self) -> str:
-        """How many groups use each transport and socket, e.g. ``"direct/unix x2"``."""
-        return "" if self._pool is None else self._pool.summary()
 
     @property
     def groups(self) -> list[dict[str, Any]]:
@@ -532,22 +481,11 @@ class DaskVecEnv(VecEnv):
                 "key": g.gid,
                 "deadline": g.deadline,
                 "env_pid": g.env_pid,
-                "pid": g.desc.get("pid"),
-                "busy_poll": g.desc.get("busy_poll"),
+                "pid": g.desc.pid,
+                "busy_poll": g.desc.busy_poll,
             }
             for g in self._groups
         ]
-
-    @property
-    def dashboard(self) -> DashboardLinks:
-        """The dashboard links of the cluster, checked now: only pages its scheduler serves, and why not."""
-        return check_dashboard(self.client)
-
-    @property
-    def dashboard_link(self) -> str | None:
-        """Link to the Dask dashboard of the cluster holding the envs; ``None`` (and
-        :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
-        return self.dashboard.status
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -583,5 +521,5 @@ class DaskVecEnv(VecEnv):
         return notebook_html(self.groups, n_envs, links.status, links.daskvec, links.problem)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self._pool.load()) if self._pool else 0} workers"
+        state = "closed" if self.closed else f"{len({g.worker for g in self._groups})} workers"
         return f"<DaskVecEnv: {getattr(self, 'num_envs', 0)} envs, {len(self._groups)} groups, {state}>"

@@ -29,12 +29,11 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, iterate
 
-from daskvec.engine import Engine
-from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError, NoAsyncCallError, WorkerLostError
+from daskvec.engine import Engine, EngineViews
+from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
 from daskvec.options import Options, check_env_fns
-from daskvec.pool import Group, GroupPool, StepOutcome
-from daskvec.protocol import Autoreset, Command, ResetReply, StepReply
-from daskvec.recovery import Rebuild
+from daskvec.pool import Group, GroupPool
+from daskvec.protocol import Autoreset, Command, ResetReply
 from daskvec.vector_buffers import VectorBuffers
 
 logger = logging.getLogger(__name__)
@@ -46,7 +45,6 @@ class _State(enum.Enum):
     IDLE = "idle"  # no step in flight
     ASYNC = "async"  # send() sent steps (or async_reset() queued observations) not yet handed out by recv()
     STEPPING = "stepping"  # a step() was interrupted while waiting; only close() is left
-    BROKEN = "broken"  # envs were lost for good (on_worker_lost="raise"): only close() is left
     CLOSED = "closed"
 
 
@@ -69,7 +67,7 @@ def _batch_size(value: Any, n_envs: int) -> int:
     return int(value)
 
 
-class DaskVectorEnv(gym.vector.VectorEnv):
+class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     """A Gymnasium ``VectorEnv`` whose envs live as Dask actors on a cluster.
 
     It behaves like ``gymnasium.vector.SyncVectorEnv`` (same observations, rewards,
@@ -174,36 +172,21 @@ class DaskVectorEnv(gym.vector.VectorEnv):
 
     def _enter(self, *allowed: _State) -> None:
         """Check that the vec env may be called now; raise the typed error that says why not."""
-        if self._state in allowed:
+        state = self._state
+        if state is not _State.CLOSED and self._engine.broken is not None:
+            self._engine.check()
+        if state in allowed:
             return
-        if self._state is _State.CLOSED:
+        if state is _State.CLOSED:
             raise ClosedEnvError("this DaskVectorEnv is closed; create a new one")
-        if self._state is _State.BROKEN:
-            raise DaskVecEnvError(
-                f"this DaskVectorEnv lost envs earlier ({type(self._broken).__name__}: {self._broken}); "
-                "close it and create a new one, or use on_worker_lost='restart'"
-            )
-        if self._state is _State.STEPPING:
+        if state is _State.STEPPING:
             raise AlreadySteppingError("a step() was interrupted while waiting for its replies; close this vec env")
         if self._state is _State.ASYNC:
             raise AlreadySteppingError("envs have steps in flight: call recv() until none is left first")
         raise NoAsyncCallError("recv() called with no step in flight: call send() first")
 
-    def _rebuilt(self, during: str, rebuild: Callable[..., list[Rebuild]], *args: Any) -> None:
-        """Run a recovery action and report what it rebuilt; a recovery that fails breaks the vec env."""
-        try:
-            rebuilds = rebuild(*args)
-        except WorkerLostError as e:  # includes StepTimeoutError
-            self._broken: BaseException = e
-            self._state = _State.BROKEN
-            raise
-        self._buffers.report_rebuilds(rebuilds, during)
-
-    def _on_lost_reset(self, lost: dict[Group, BaseException], waited: float) -> None:
-        self._rebuilt("reset", self._engine.recovery.handle_lost, lost, waited)
-
     def _on_lost_deferred(self, lost: dict[Group, BaseException], waited: float) -> None:
-        self._rebuilt("deferred", self._engine.recovery.handle_lost, lost, waited)
+        self._engine.lost_handler(self._buffers, "deferred")(lost, waited)
 
     # ------------------------------------------------------------------ reset
     def reset(
@@ -232,13 +215,13 @@ class DaskVectorEnv(gym.vector.VectorEnv):
             raise ValueError("options['reset_mask'] needs a full reset first: call reset() without it once")
         engine = self._engine
         if mask is None and engine.recovery.moves_planned:
-            self._rebuilt("reset", engine.recovery.migrate)
+            engine.report(self._buffers, "reset", engine.recovery.migrate)
         self._buffers.forget_deferred(None if mask is None else np.flatnonzero(mask).tolist())
         engine.reset_groups(
             seeds,
             [env_options or {}] * self.num_envs,
             functools.partial(self._take_reset, mask=mask),
-            self._on_lost_reset,
+            engine.lost_handler(self._buffers, "reset"),
             mask=None if mask is None else mask.tolist(),
         )
         self._buffers.has_obs = True
@@ -275,36 +258,18 @@ class DaskVectorEnv(gym.vector.VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its action and wait for all of them; see ``SyncVectorEnv.step``."""
         self._enter(_State.IDLE)
-        pool, engine = self._pool, self._engine
+        engine = self._engine
         rows = self._action_rows(actions, self.num_envs)
-        engine.timer.sent()
         self._state = _State.STEPPING
-        pool.send_step(rows)
+        engine.send_step(rows)
         try:
-            outcome = pool.collect_step(self.options.step_timeout, self._take_step)
+            outcome = engine.collect_step(self._buffers)
         finally:
-            if not pool.stepping:  # collected, or given up after a reply that did not fit
+            if not engine.stepping:  # collected, or given up after a reply that did not fit
                 self._state = _State.IDLE
-        engine.timer.received(outcome.env_seconds)
         self._buffers.apply_deferred()
-        self._after_step(outcome)
-        self._rebuilt("step", engine.recovery.migrate)
-        engine.maybe_publish()
+        engine.finish(outcome, self._buffers)
         return self._buffers.result()
-
-    def _after_step(self, outcome: StepOutcome) -> None:
-        """Rebuild lost groups (reported as truncations), then raise an env's error if one raised."""
-        self._engine.recovery.steps += 1
-        if outcome.lost:
-            during = "deferred" if outcome.errors else "step"
-            self._rebuilt(during, self._engine.recovery.handle_lost, outcome.lost, self.options.step_timeout)
-        if outcome.errors:
-            outcome.errors[0][1].raise_()
-
-    def _take_step(self, group: Group, reply: StepReply) -> None:
-        self._buffers.take_step(group, reply)
-        if reply.restarted:
-            self._engine.ledger.env_errors(group, reply.restarted, self._engine.recovery.steps)
 
     def _action_rows(self, actions: Any, n: int) -> Any:
         """The actions as something indexable by row (an array, or a list for Dict/Tuple spaces)."""
@@ -365,14 +330,13 @@ class DaskVectorEnv(gym.vector.VectorEnv):
         if self._ready:
             return self._recv_ready()
         pool, engine = self._pool, self._engine
-        groups, outcome = pool.collect_ready(self.batch_size, self.options.step_timeout, self._take_step)
+        groups, outcome = engine.collect_ready(self.batch_size, self._buffers)
         ids = [i for g in groups for i in g.env_indices]
-        engine.timer.received(outcome.env_seconds)
         if not pool.in_flight():
             self._state = _State.IDLE
         self._buffers.apply_deferred(ids)
-        self._after_step(outcome)
-        engine.maybe_publish()
+        # moves only among the groups handed out now: the others may have a step in flight
+        engine.finish(outcome, self._buffers, migrate=groups)
         return self._buffers.batch(ids)
 
     def _recv_ready(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -448,16 +412,6 @@ class DaskVectorEnv(gym.vector.VectorEnv):
         return [
             {"envs": list(g.env_indices), "worker": g.worker, "transport": g.transport} for g in self._engine.groups
         ]
-
-    @property
-    def restart_counts(self) -> np.ndarray:
-        """How many times each env was rebuilt (lost worker, hang, move or env error)."""
-        return self._engine.ledger.restart_counts
-
-    @property
-    def restart_log(self) -> list[dict[str, Any]]:
-        """One entry per rebuilt env: index, reason, worker, step."""
-        return self._engine.ledger.log
 
     def close_extras(self, **kwargs: Any) -> None:
         """Shut the env groups down and close what this vec env created (safe with steps in flight)."""

@@ -55,9 +55,7 @@ def test_shipped_defaults_are_the_options_defaults() -> None:
     defaults = Options()
     for key, value in shipped.items():
         name = key.replace("-", "_")
-        if name == "step_timeout":
-            assert value is None and defaults.step_timeout == shipped["timeout"]
-        elif name == "busy_poll":
+        if name == "busy_poll":
             # the workers read it: the client leaves it to them
             assert defaults.busy_poll is None and Options.create().busy_poll is None
             assert value == 0.002
@@ -69,7 +67,7 @@ def test_shipped_defaults_are_the_options_defaults() -> None:
 def test_yaml_then_environment_then_keyword(dask_config: Any, client2: Any) -> None:
     dask_config({"daskvec": {"step-timeout": 30, "on-env-error": "restart", "migrate-before": "2 minutes"}})
     with DaskVecEnv(counting(), client=client2) as venv:
-        assert venv.options.step_timeout == 30  # the YAML file over the shipped default (None: = timeout)
+        assert venv.options.step_timeout == 30  # the YAML file over the shipped default
         assert venv.options.on_env_error == "restart"
         assert venv.options.migrate_before == 120  # a Dask time string
         assert venv.options.timeout == 300  # untouched keys keep the shipped default

@@ -379,6 +379,52 @@ def test_http_every_route_and_metric(cluster: Any, stepped: Stepped) -> None:
     assert samples["dask_daskvec_env_groups"] == 2
 
 
+def test_a_malformed_client_event_is_skipped_with_one_log_line(
+    fresh: tuple[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any Dask client can log under the daskvec topic: garbage there breaks neither the page nor ``/metrics``."""
+    import logging
+
+    cluster, client = fresh
+    scheduler = cluster.scheduler
+    s = Stepped.start(client, scheduler)
+    try:
+        garbage: list[Any] = [
+            {"id": "a", "time": "yesterday", "seconds": {"client": 1.0}},
+            {"id": "b", "time": time.time(), "seconds": "lots"},
+            {"id": "c", "seconds": {}},
+            {"id": s.env.timer.id, "time": time.time(), "seconds": {"client": None}},  # posing as the real env
+            "not even a dict",
+        ]
+        for msg in garbage:
+            client.log_event(CLIENT_TOPIC, msg)
+        wait_until(lambda: len(scheduler.get_events(CLIENT_TOPIC)) >= 1 + len(garbage), 30, "the events logged")
+        s.wait_heartbeats()
+        page = dashboard.DaskvecDashboard(scheduler)
+        port = scheduler.http_server.port
+        with caplog.at_level(logging.WARNING, logger="daskvec.dashboard"):
+            for _ in range(3):  # the page refreshes every second; Prometheus scrapes too
+                page.update()
+                text = http_get(port, "/metrics")[1]
+        status = page.status.text
+        assert status.startswith("1 DaskVecEnv running: 4 envs in 2 env groups on 2 workers"), status
+        split = dict(zip(page.time_split.source.data["part"], page.time_split.source.data["share"], strict=True))
+        assert sum(split.values()) == pytest.approx(1.0) and split["env"] > 0  # the real env's split
+        for name in dashboard.PROMETHEUS_METRICS:
+            assert f"\n{name}" in text, name
+        samples = prometheus_samples(text)
+        for w, k in s.per_worker.items():
+            assert samples[f'dask_daskvec_envs{{worker="{w}"}}'] == k
+            assert samples[f'dask_daskvec_env_steps_total{{worker="{w}"}}'] == k * s.n
+        # /metrics sums every scheduler of this process (the module's cluster too): count this one's alone
+        ours = {f.name: f for f in dashboard.PrometheusCollector(lambda: [scheduler]).collect()}
+        assert ours["dask_daskvec_vec_envs"].samples[0].value == 1  # the real env, the impostor skipped
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("daskvec.dashboard")]
+        assert len(lines) == 1 and "malformed" in lines[0], lines
+    finally:
+        s.env.close()
+
+
 def test_every_bokeh_document_builds(cluster: Any, stepped: Stepped) -> None:
     from bokeh.document import Document
 

@@ -24,7 +24,7 @@ from daskvec.errors import (
     StepTimeoutError,
     WorkerLostError,
 )
-from daskvec.protocol import INFO_KEY
+from daskvec.protocol import INFO_KEY, GroupSpec
 
 TRANSPORTS = ["direct", "actor"]
 
@@ -463,3 +463,39 @@ def test_warns_once_per_worker_that_profiles_on_python_311(dclient: Any, caplog:
         if hazard:
             assert "distributed.worker.profile.enabled: false" in warned[0]
             assert env.groups[0]["worker"] in warned[0]
+
+
+def test_an_env_that_restarts_constantly_logs_rate_limited_warnings_and_counts_exactly(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step of env 1 raises: 200 restarts, each counted and marked, but not 200 warnings."""
+    import logging
+
+    import cloudpickle
+
+    from daskvec.protocol import Command, StepReply
+    from daskvec.transport.wire import RateLimitedLog
+    from daskvec.worker import group as group_module
+
+    # a limiter of this test's own: another test's restart must not have used up its first line
+    monkeypatch.setattr(group_module, "_restart_log", RateLimitedLog(group_module.logger, 10.0), raising=False)
+    steps = 200
+    factories = cloudpickle.dumps([CountingEnv, functools.partial(CountingEnv, fail_at=1)])  # each rebuild fails again
+    spec = GroupSpec((0, 1), token=None, on_env_error="restart", max_restarts=steps)
+    group = group_module.EnvGroup(factories, spec, worker_address="test")
+    try:
+        group.dispatch((Command.RESET, ([0, 1], [None, None])))
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="daskvec.worker"):
+            for k in range(1, steps + 1):
+                reply = group.dispatch((Command.STEP, (np.array([1, 1]),)))
+                assert isinstance(reply, StepReply)
+                assert list(reply.restarted) == [1] and reply.restarted[1]["restarts"] == k
+        elapsed = time.monotonic() - start
+        assert group.restarts == [0, steps] and group.stats.restarts == steps and group.stats.errors == steps
+    finally:
+        group.shutdown()
+    lines = [r.getMessage() for r in caplog.records if "rebuilding it" in r.getMessage()]
+    bound = 1 + elapsed // 10.0  # one line per 10 s
+    assert 1 <= len(lines) <= bound, f"{len(lines)} restart warnings for {steps} restarts in {elapsed:.1f} s"
+    assert lines[0].startswith("env 1 raised ValueError: boom at step 1; rebuilding it (restart 1)")

@@ -68,7 +68,7 @@ def group_pids(env: DaskVecEnv) -> dict[int, list[int]]:
     """Process id of the worker holding each group -> env indices held there."""
     out: dict[int, list[int]] = {}
     for g in env._groups:
-        out.setdefault(g.desc["pid"], []).extend(g.env_indices)
+        out.setdefault(g.desc.pid, []).extend(g.env_indices)
     return out
 
 
@@ -735,3 +735,165 @@ def test_envs_leave_a_worker_before_its_lifetime_ends(procs: DaskProcesses) -> N
             assert_layout_intact(env)
     finally:
         procs.kill_worker(leaving)
+
+
+# --------------------------------------------------------------------------- nothing left behind
+class TrackedEnv(CountingEnv):
+    """A CountingEnv that is open, on the disk, from its creation to its ``close()``.
+
+    It holds a file ``<directory>/<pid>-<id>`` meanwhile: the test sees which process
+    still holds open envs without asking that process (:func:`open_envs`).
+    """
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(horizon=1000)
+        self.marker = Path(directory) / f"{os.getpid()}-{id(self)}"
+        self.marker.touch()
+
+    def close(self) -> None:
+        self.marker.unlink(missing_ok=True)
+        super().close()
+
+
+def open_envs(directory: Path) -> dict[int, int]:
+    """How many TrackedEnvs each live process holds open (a killed process holds none)."""
+    held = Counter(int(p.name.split("-")[0]) for p in directory.iterdir())
+    return {pid: n for pid, n in held.items() if not process_ended(pid)}
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP process ``pid`` and wait until it is stopped (the signal lands a little later)."""
+    import signal
+
+    import psutil
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
+
+
+def footprint_probe(dask_ports: set[int]) -> Any:
+    """A function for ``Client.run``: what daskvec holds in a worker process.
+
+    Its threads (by name), its sockets (every socket of the process but Dask's own
+    comms, which end at the scheduler's or a worker's port) and its child processes (env
+    processes). Made here, as a closure, so that it travels to the workers by value.
+    """
+    ports = frozenset(dask_ports)
+
+    def footprint() -> dict[str, list[str]]:
+        import threading
+
+        import psutil
+
+        def dask_comm(conn: Any) -> bool:
+            return any(isinstance(a, tuple) and len(a) == 2 and a[1] in ports for a in (conn.laddr, conn.raddr))
+
+        me = psutil.Process()
+        return {
+            "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("daskvec")),
+            "sockets": sorted(
+                f"{c.family.name} {c.laddr}->{c.raddr} {c.status}"
+                for c in me.net_connections("all")
+                if not dask_comm(c)
+            ),
+            "env processes": sorted(str(p.pid) for p in me.children() if p.status() != psutil.STATUS_ZOMBIE),
+        }
+
+    return footprint
+
+
+def dask_ports(client: Any) -> set[int]:
+    """The ports of the scheduler and of every worker: the ends of Dask's own comms."""
+    info = client.scheduler_info()
+    return {int(a.rsplit(":", 1)[1]) for a in [info["address"], *info["workers"]]}
+
+
+def wait_for_footprint(client: Any, probe: Any, expected: dict[str, Any], what: str, timeout: float = 30) -> None:
+    """Poll the workers of ``expected`` until each one's footprint is back to its expected one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = client.run(probe, workers=list(expected))
+        left = {w: {k: v for k, v in now[w].items() if v != expected[w][k]} for w in expected}
+        if not any(left.values()):
+            return
+        assert time.monotonic() < deadline, f"{what}, {timeout:.0f}s later the workers still hold {left}"
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env_process", [False, True], ids=["in_worker", "env_process"])
+def test_group_abandoned_on_a_frozen_worker_is_released_when_it_resumes(
+    dask_processes: Any, tmp_path: Path, env_process: bool
+) -> None:
+    """A worker frozen (SIGSTOP) past step_timeout, then resumed: its abandoned group leaves nothing there.
+
+    The client gives the group up without asking it anything (it may be stuck) and
+    rebuilds its envs on the other worker. Once its worker runs again, the group's
+    threads, sockets, envs and env process go, and ``close()`` leaves nothing anywhere.
+    """
+    import signal
+
+    from distributed import Client
+
+    procs = dask_processes(2)
+    envs_dir = tmp_path / "envs"
+    envs_dir.mkdir()
+    with Client(procs.address, set_as_default=False, timeout=60) as client:
+        probe = footprint_probe(dask_ports(client))
+        baseline = client.run(probe)
+        env = DaskVecEnv([functools.partial(TrackedEnv, str(envs_dir))] * 4, client=procs.address, envs_per_actor=2,
+                         step_timeout=3.0, timeout=60, on_worker_lost="restart", env_process=env_process)
+        try:
+            (frozen,) = [g for g in env.groups if 0 in g["envs"]]
+            assert len({g["worker"] for g in env.groups}) == 2
+            assert open_envs(envs_dir)[frozen["env_pid"]] == 2
+            env.reset()
+            actions = np.zeros(4, dtype=np.int64)
+            env.step(actions)
+            # the whole node freezes (a stalled VM): the worker and, if any, the group's env process
+            stopped = sorted({frozen["pid"], frozen["env_pid"]})
+            try:
+                for pid in stopped:
+                    freeze(pid)
+                _, _, dones, infos = env.step(actions)  # the frozen group times out; rebuilt on the other worker
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+            m = markers(infos)
+            assert sorted(m) == frozen["envs"] and all(m[i]["reason"] == "timeout" and dones[i] for i in m)
+            assert frozen["worker"] not in {g["worker"] for g in env.groups}
+            wait_for_footprint(client, probe, {frozen["worker"]: baseline[frozen["worker"]]},
+                               "the frozen worker resumed")
+            assert frozen["env_pid"] not in open_envs(envs_dir), "the abandoned group's envs are still open"
+            env.step(actions)  # the env steps on, with its envs on the other worker
+            assert_layout_intact(env)
+        finally:
+            env.close()
+        wait_for_footprint(client, probe, baseline, "after close()")
+        assert open_envs(envs_dir) == {}, "envs left open after close()"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env_process", [False, True], ids=["in_worker", "env_process"])
+def test_close_leaves_nothing_on_the_workers(dask_processes: Any, tmp_path: Path, env_process: bool) -> None:
+    """After ``close()`` of a healthy env, no daskvec thread, socket, env or env process is left on any worker."""
+    from distributed import Client
+
+    procs = dask_processes(2)
+    envs_dir = tmp_path / "envs"
+    envs_dir.mkdir()
+    with Client(procs.address, set_as_default=False, timeout=60) as client:
+        probe = footprint_probe(dask_ports(client))
+        baseline = client.run(probe)
+        with DaskVecEnv([functools.partial(TrackedEnv, str(envs_dir))] * 4, client=procs.address, timeout=60,
+                        env_process=env_process) as env:
+            env.reset()
+            for _ in range(3):
+                env.step(np.zeros(4, dtype=np.int64))
+            during = client.run(probe)
+            assert all(during[w]["threads"] != baseline[w]["threads"] for w in baseline)  # the probe sees them
+        wait_for_footprint(client, probe, baseline, "after close()")
+        assert open_envs(envs_dir) == {}, "envs left open after close()"

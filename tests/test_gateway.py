@@ -126,7 +126,7 @@ def test_daskvec_on_a_dask_gateway_cluster(gateway: Any) -> None:
                 for g in env._groups:
                     assert isinstance(g.channel._sock, ssl.SSLSocket)
                     # a plaintext connection to the channel gets nothing, not even the token challenge
-                    with socket.create_connection(tuple(g.desc["address"]), timeout=30) as plain:
+                    with socket.create_connection(tuple(g.desc.address), timeout=30) as plain:
                         plain.sendall(b"\0" * 64)
                         plain.settimeout(30)
                         with contextlib.suppress(ConnectionResetError):  # a reset is a refusal too

@@ -336,7 +336,7 @@ def test_lost_worker_is_a_truncation(dask_processes: Any, mode: AutoresetMode) -
     try:
         run_both(sync, dask, 3, mode, seed=20)
         victim = dask._engine.groups[1]
-        (proc,) = [p for p in procs.workers if p.pid == victim.desc["pid"]]
+        (proc,) = [p for p in procs.workers if p.pid == victim.desc.pid]
         lost, kept = victim.env_indices, dask._engine.groups[0].env_indices
         zeros = np.zeros((4, 2), np.float32)
         last, *_ = dask.step(zeros)  # the observations the envs reached before the kill
@@ -503,7 +503,7 @@ def test_lost_worker_during_partial_batches(dask_processes: Any) -> None:
         dask.reset(seed=30)
         first, *_ = dask.step(np.zeros((4, 2), np.float32))
         victim = dask._engine.groups[1]
-        (proc,) = [p for p in procs.workers if p.pid == victim.desc["pid"]]
+        (proc,) = [p for p in procs.workers if p.pid == victim.desc.pid]
         procs.kill_worker(proc)
         dask.send(np.zeros((4, 2), np.float32))
         seen: dict[int, tuple[Any, ...]] = {}

@@ -8,6 +8,7 @@ whether the right client still gets in), never how fast.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -30,9 +31,9 @@ from envs import CountingEnv
 from test_transport import COMPACT, PICKLED, read_to_end, recv_exact, wire
 
 from daskvec.cluster import dumps_factories
-from daskvec.protocol import Command, RemoteError, StepReply
+from daskvec.protocol import Command, GroupSpec, RemoteError, StepReply
 from daskvec.transport import ChannelError, ChannelServer, DirectChannel, ProtocolError, decode, encode, pack, unpack
-from daskvec.transport.wire import recv_frames
+from daskvec.transport.wire import digest, recv_frames
 from daskvec.worker import EnvGroup
 
 TOKEN = secrets.token_bytes(32)
@@ -243,17 +244,18 @@ def _trickle(socks: list[socket.socket], stop: threading.Event) -> None:
 def test_slowloris_neither_holds_threads_nor_locks_out_the_right_client(
     server: ChannelServer, thread_crashes: list[str]
 ) -> None:
+    def handshakes() -> int:
+        return sum(t.name == "hostile-conn" for t in threading.enumerate())
+
     socks = [socket.create_connection(server.address, timeout=10) for _ in range(200)]
     stop = threading.Event()
     trickler = threading.Thread(target=_trickle, args=(socks, stop), daemon=True)
     trickler.start()
     try:
-        # every one was taken in: waiting for its handshake, or closed at once
+        # every one was taken in: waiting for its handshake, or pushed out by a newer one
         assert wait_until(lambda: len(server._pending) + server.refused >= 200, 10)
-        # at most MAX_PENDING (64) of them wait for a handshake; the rest were closed at once
-        handshakes = sum(t.name == "hostile-conn" for t in threading.enumerate())
-        assert handshakes <= 64, f"{handshakes} handshake threads for 200 slow peers"
-        time.sleep(1.2)  # the waiting ones are now older than a right client's handshake
+        # at most MAX_PENDING (64) of them wait for a handshake; the threads of the rest end
+        assert wait_until(lambda: handshakes() <= 64, 10), f"{handshakes()} handshake threads for 200 slow peers"
         good = DirectChannel(server.address, TOKEN, connect_timeout=10)
         good.send(("step", (np.ones(2),)))
         assert good.recv(10)[0] == "ok"
@@ -270,6 +272,74 @@ def test_slowloris_neither_holds_threads_nor_locks_out_the_right_client(
         for s in socks:
             s.close()
     assert thread_crashes == []
+
+
+def _flood(address: tuple[str, int], rate: float, stop: threading.Event, opened: list[int]) -> None:
+    """Open ``rate`` connections a second that never handshake, each held 2 s, until ``stop``."""
+    held: collections.deque[tuple[float, socket.socket]] = collections.deque()
+    start = time.monotonic()
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            while held and now - held[0][0] > 2.0:
+                held.popleft()[1].close()
+            with contextlib.suppress(OSError):
+                held.append((now, socket.create_connection(address, timeout=1)))
+                opened[0] += 1
+            stop.wait(max(start + opened[0] / rate - time.monotonic(), 0.0))
+    finally:
+        for _, s in held:
+            s.close()
+
+
+def test_a_flood_of_silent_connections_does_not_lock_out_the_right_client(
+    server: ChannelServer, thread_crashes: list[str]
+) -> None:
+    """Silent peers faster than the slots turn over (from the right client's own address): it still gets in."""
+    stop, opened = threading.Event(), [0]
+    flood = threading.Thread(target=_flood, args=(server.address, 200.0, stop, opened), daemon=True)
+    flood.start()
+    failures: list[str] = []
+    try:
+        assert wait_until(lambda: len(server._pending) >= 64, 10), "the flood never filled the handshake slots"
+        for i in range(10):  # each bounded by its connect and receive timeouts
+            try:
+                ch = DirectChannel(server.address, TOKEN, connect_timeout=5)
+            except ChannelError as e:
+                failures.append(str(e))
+            else:
+                ch.send(("attempt", i))
+                assert ch.recv(10) == ("ok", ("attempt", i))
+                ch.close()
+            time.sleep(0.2)  # spread the attempts over the flood
+    finally:
+        stop.set()
+        flood.join(10)
+    assert opened[0] >= 300, f"the flood opened only {opened[0]} connections"
+    assert failures == [], f"{len(failures)} of 10 right handshakes refused during the flood: {failures[:2]}"
+    assert thread_crashes == []
+
+
+def test_a_flood_from_one_address_never_pushes_out_another_address(server: ChannelServer) -> None:
+    """Only the busiest address loses slots: a slow right client elsewhere keeps its own."""
+    mine = socket.create_connection(server.address, timeout=10, source_address=("127.0.0.1", 0))
+    flood = [socket.create_connection(server.address, timeout=10, source_address=("127.0.0.2", 0)) for _ in range(100)]
+    try:
+        assert wait_until(lambda: len(server._pending) + server.refused >= 101, 10)
+        assert wait_until(lambda: server.refused >= 101 - 64, 10)  # the flood's oldest, pushed out
+        # still in its slot: it completes its handshake now, after 100 newer connections
+        mine.settimeout(10)
+        try:
+            server_nonce = recv_exact(mine, 32)
+        except ConnectionError:
+            pytest.fail("a flood from 127.0.0.2 pushed 127.0.0.1's waiting connection out")
+        client_nonce = secrets.token_bytes(32)
+        mine.sendall(digest(TOKEN, b"client", server_nonce) + client_nonce)
+        assert recv_exact(mine, 32) == digest(TOKEN, b"server", client_nonce)
+    finally:
+        mine.close()
+        for s in flood:
+            s.close()
 
 
 def test_refusals_are_logged_rate_limited(server: ChannelServer, caplog: pytest.LogCaptureFixture) -> None:
@@ -296,10 +366,10 @@ def test_fd_exhaustion_in_a_worker_does_not_stop_its_accept_loop(dask_processes:
     token = secrets.token_bytes(32)
     factories = dumps_factories([functools.partial(CountingEnv, horizon=1000)], [0])
     with Client(procs.address, timeout=30, set_as_default=False) as client:
-        fut = client.submit(EnvGroup, factories, [0], token, actor=True, pure=False)
+        fut = client.submit(EnvGroup, factories, GroupSpec((0,), token), actor=True, pure=False)
         with client.as_current():
             actor = fut.result(timeout=60)
-            address = tuple(actor.describe().result(timeout=60)["address"])
+            address = tuple(actor.describe().result(timeout=60).address)
         established = DirectChannel(address, token, connect_timeout=30)
         established.send((Command.RESET, ([0], [None])))
         established.recv(30)

@@ -92,8 +92,8 @@ def assert_direct_tcp_to_hosts(hosts: EmulatedHosts, env: DaskVecEnv) -> None:
     """Every group is on an emulated host, seen as another machine, over a direct TCP channel."""
     for g, group in zip(env.groups, env._groups, strict=True):
         host = hosts.host_of(g["worker"])
-        assert group.desc["machine"].startswith(f"{host.name}/"), "the worker does not run under its host's name"
-        assert group.desc["machine"] != machine_id()
+        assert group.desc.machine.startswith(f"{host.name}/"), "the worker does not run under its host's name"
+        assert group.desc.machine != machine_id()
         assert (g["transport"], g["socket"]) == ("direct", "tcp"), f"group {g['envs']}: {g['transport']}/{g['socket']}"
 
 
@@ -294,7 +294,7 @@ def test_tls_cluster_across_hosts(emulated: Any) -> None:
         assert all(g["worker"].startswith("tls://") for g in env.groups)
         assert sorted(envs_by_host(hosts, env).values()) == [[0, 1], [2, 3]]
         for group in env._groups:
-            assert group.desc["machine"] != machine_id()
+            assert group.desc.machine != machine_id()
         assert_same_as_dummy(env, steps=60)
 
 
@@ -308,4 +308,4 @@ def test_stepping_through_a_10ms_relay_matches_dummy(emulated: Any) -> None:
         # the steps did travel through each host's relay: it carried every group's direct channel
         for group in env._groups:
             host = hosts.host_of(group.worker)
-            assert (host.address, group.desc["address"][1]) in host.relayed()
+            assert (host.address, group.desc.address[1]) in host.relayed()

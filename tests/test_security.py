@@ -66,7 +66,7 @@ def test_tls_workers_behind_a_tcp_looking_scheduler_are_secured(monkeypatch: pyt
     from distributed.security import Security
 
     workers = {"tcp://10.0.0.2:4000": {}, "tls://10.0.0.3:4000": {}, "tls://10.0.0.4:4000": {}}
-    monkeypatch.setattr(_dask, "scheduler_workers", lambda client: workers)
+    monkeypatch.setattr(_dask, "scheduler_workers", lambda client, timeout=30.0: workers)
     reasons = security_reasons(stand_in("tcp://10.0.0.1:8786", Security()))
     assert reasons == ["worker address tls://10.0.0.3:4000 and 1 more"]
 
@@ -124,7 +124,7 @@ def clusters(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Any, str]]:
     }
     clients = {name: (stand_in(address, security), kind) for name, (address, security, _, kind) in table.items()}
     workers = {id(clients[name][0]): addresses for name, (_, _, addresses, _) in table.items()}
-    monkeypatch.setattr(_dask, "scheduler_workers", lambda client: {w: {} for w in workers[id(client)]})
+    monkeypatch.setattr(_dask, "scheduler_workers", lambda client, timeout=30.0: {w: {} for w in workers[id(client)]})
     return clients
 
 
@@ -263,13 +263,14 @@ def test_an_env_process_does_not_outlive_its_worker_during_a_build(dask_processe
     from distributed import Client
 
     from daskvec.cluster import dumps_factories
+    from daskvec.protocol import GroupSpec
     from daskvec.worker import EnvHost
 
     procs = dask_processes(1)
     (worker,) = procs.workers
     factories = dumps_factories([functools.partial(_wait_for_file, release)], [0])
     with Client(procs.address, timeout=30, set_as_default=False) as client:
-        client.submit(EnvHost, factories, [0], None, build_timeout=120, actor=True, pure=False)
+        client.submit(EnvHost, factories, GroupSpec((0,), build_timeout=120), actor=True, pure=False)
         building: list[psutil.Process] = []
 
         def env_process_started() -> bool:
@@ -305,13 +306,14 @@ def test_a_secured_worker_joining_a_plain_looking_cluster_gets_no_plaintext_unas
 ) -> None:
     """The pool's choice per group: a ``tls://`` worker gets actor calls unless plaintext was asked for."""
     from daskvec.pool import GroupPool
+    from daskvec.protocol import GroupDesc
     from daskvec.transport import ChannelServer
 
     token = b"k" * 32
     server = ChannelServer("127.0.0.1", token, lambda r: r, name="joiner", unix_dir=None)
     try:
         pool = GroupPool(None, [cartpole], Options.create(transport=transport), directory=None)  # type: ignore[arg-type]
-        desc = {"worker": "tls://10.0.0.9:4000", "address": server.address, "unix_path": None, "machine": "elsewhere"}
+        desc = GroupDesc("tls://10.0.0.9:4000", 1, "elsewhere", (), (), address=tuple(server.address))
         channel = pool._channel(SimpleNamespace(), desc, token)
         assert channel.kind == kind
         channel.close()
@@ -325,3 +327,40 @@ def test_a_factory_that_ends_its_env_process_is_named_at_once(client2: Any) -> N
         DaskVecEnv([_exit_now], client=client2, timeout=60, env_process=True)
     assert any("factory _exit_now" in note for note in getattr(info.value, "__notes__", []))
     assert len(client2.scheduler_info()["workers"]) == 2  # only the env process died
+
+
+# --------------------------------------------------------------------------- the trust model
+def test_another_client_of_the_cluster_can_drive_a_group(dclient: Any, client2: Any) -> None:
+    """docs/security.md: the token keeps out strangers who reach the port, not the cluster's other clients."""
+    from distributed import Actor
+
+    from daskvec.protocol import Command, StepReply
+    from daskvec.transport import DirectChannel, pack, unpack
+    from daskvec.worker import EnvGroup
+
+    env = DaskVecEnv([cartpole, cartpole], client=dclient, envs_per_actor=2, transport="direct")
+    try:
+        env.reset()
+        key, worker = env.groups[0]["key"], env.groups[0]["worker"]
+
+        def task_arguments(dask_scheduler: Any, key: str = key) -> list[Any]:
+            return list(dask_scheduler.tasks[key].run_spec.args)
+
+        # the scheduler holds the token among the arguments of the group's task (in its GroupSpec)
+        args = client2.run_on_scheduler(task_arguments)
+        tokens = [getattr(a, "token", a) for a in args]
+        tokens = [t for t in tokens if isinstance(t, bytes) and len(t) == 32]
+        assert len(tokens) == 1, "no 32-byte token among the group task's arguments"
+        step = (Command.STEP, (np.zeros(2, dtype=np.int64),))
+        with client2.as_current():
+            actor = Actor(EnvGroup, worker, key)
+            address = tuple(actor.describe().result(timeout=30).address)
+            assert isinstance(unpack(actor.handle(pack(step)).result(timeout=30)), StepReply)  # no token asked
+        channel = DirectChannel(address, tokens[0], connect_timeout=10)
+        try:
+            channel.send(step)
+            assert isinstance(channel.recv(10), StepReply)
+        finally:
+            channel.close()
+    finally:
+        env.close()

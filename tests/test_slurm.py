@@ -180,7 +180,7 @@ class TestTwoJobs:
             assert victim_worker not in {g["worker"] for g in env.groups}
 
             # the adaptive cluster submits a replacement job; envs spread back onto it
-            eligible = env._directory.eligible
+            eligible = env._engine.directory.eligible
             wait_until(lambda: len(set(eligible()) - {victim_worker}) >= 2, 150, "a replacement SLURM job")
             assert env.rebalance() > 0
             env.step(np.zeros(4, dtype=np.int64))

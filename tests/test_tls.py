@@ -52,7 +52,7 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
         assert {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
         for g in env._groups:
             assert isinstance(g.channel._sock, ssl.SSLSocket)
-            assert g.desc["tls"] and g.desc["unix_path"] is None  # no plaintext socket at all
+            assert g.desc.tls and g.desc.unix_path is None  # no plaintext socket at all
         assert len({g["worker"] for g in env.groups}) == 2
         assert all(g["worker"].startswith("tls://") for g in env.groups)
         env.seed(3)
@@ -144,11 +144,11 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path,
                     envs_per_actor=2, timeout=60, env_process=env_process) as env:
         (group,) = env._groups
         desc = group.desc
-        address = tuple(desc["address"]) if sock == "tcp" else desc["unix_path"]
+        address = tuple(desc.address) if sock == "tcp" else desc.unix_path
         if sock == "unix":  # only this user may even reach the socket
             assert stat.S_IMODE(os.stat(os.path.dirname(address)).st_mode) == 0o700
         # with env_process, the channel is the env process's and the actor forwards the count
-        assert ("env_pid" in desc) == env_process  # only an EnvHost reports a separate env process
+        assert (desc.env_pid is not None) == env_process  # only an EnvHost reports a separate env process
         refused_before = group.actor.refused_connections().result(timeout=30)
         request = ("step", ([evil, evil],))
         # 1: a well-formed request straight away, as if the handshake did not exist
@@ -189,8 +189,8 @@ def test_strangers_and_plaintext_clients_are_refused_by_the_tls_channel(tls_clus
     with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=tls_cluster, envs_per_actor=2,
                     timeout=60) as env:
         (group,) = env._groups
-        address = tuple(group.desc["address"])
-        assert env.encrypted and group.desc["unix_path"] is None
+        address = tuple(group.desc.address)
+        assert env.encrypted and group.desc.unix_path is None
         before = group.actor.refused_connections().result(timeout=30)
         # 1: a plaintext client sending a request (a pickle that would create a file)
         assert _talk(address, encode(request), read_nonce=False) == b""

@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from daskvec.protocol import Command, RemoteError, StepReply
+from daskvec.protocol import Command, GroupSpec, RemoteError, StepReply
 from daskvec.transport import (
     ChannelError,
     ChannelServer,
@@ -560,7 +560,7 @@ def test_group_replies_are_compact_when_the_flags_say_all(
     info: dict[str, Any], reset_info: dict[str, Any], fail: bool, compact: bool
 ) -> None:
     factories = cloudpickle.dumps([functools.partial(InfoEnv, info, reset_info, fail) for _ in range(3)])
-    group = EnvGroup(factories, [0, 1, 2], token=None, on_env_error="restart", worker_address="test")
+    group = EnvGroup(factories, GroupSpec((0, 1, 2), token=None, on_env_error="restart"), worker_address="test")
     try:
         group.dispatch((Command.RESET, ([0, 1, 2], [{}, {}, {}])))
         for step in (1, 2):  # the second step ends every episode

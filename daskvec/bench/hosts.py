@@ -343,13 +343,13 @@ class EmulatedHosts:
         args = ["--tls-ca-file", self._files["ca"], "--tls-cert", self._files["cert"], "--tls-key", self._files["key"]]
         return ["--protocol", "tls", *args] if role == "scheduler" else args
 
-    def _dask(self) -> str:
-        exe = Path(sys.executable).parent / "dask"
-        return str(exe) if exe.exists() else shutil.which("dask") or "dask"
+    def _dask(self) -> list[str]:
+        # this interpreter's own Dask, even where a copied venv's scripts name another python
+        return [sys.executable, "-m", "dask"]
 
     def _start_scheduler(self) -> None:
         scheduler_file = self.workdir / f"scheduler-{self.tag}.json"
-        cmd = [self._dask(), "scheduler", "--host", self.gateway, "--port", "0", "--no-dashboard",
+        cmd = [*self._dask(), "scheduler", "--host", self.gateway, "--port", "0", "--no-dashboard",
                "--scheduler-file", str(scheduler_file), *self._tls_args("scheduler"), *self.scheduler_args]  # fmt: skip
         log = open(self.workdir / "scheduler.log", "wb")  # noqa: SIM115 (the child keeps it)
         self.scheduler = self._popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -367,7 +367,7 @@ class EmulatedHosts:
     def start_worker(self, host: Host) -> subprocess.Popen[bytes]:
         """Start the ``dask worker`` of ``host`` (its host name set by ``unshare --uts``)."""
         proto = "tls" if self.tls else "tcp"
-        worker = [self._dask(), "worker", self.address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+        worker = [*self._dask(), "worker", self.address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
                   "--protocol", proto, "--host", host.address, "--name", host.name,
                   *self._tls_args("worker"), *self.worker_args]  # fmt: skip
         script = 'hostname "$0" && exec "$@"'

@@ -7,13 +7,19 @@ shared by the Bokeh components and the Prometheus collector. No Bokeh here.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from daskvec.cluster import GROUP_KEY_PREFIX
 from daskvec.metrics import CLIENT_TOPIC
+from daskvec.protocol import GROUP_KEY_PREFIX
+from daskvec.transport.wire import RateLimitedLog
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["WORKER_COLUMNS", "Snapshot", "snapshot"]
 
@@ -44,6 +50,12 @@ _FROM_METRIC = {
 _PARTS = ("client", "transit", "env")
 _SPLIT_WINDOW_S = 10.0  # the time split shown covers roughly the last this many seconds
 _REPORTING_S = 60.0  # a vec env that logged within this many seconds counts as running
+#: The page and ``/metrics`` read the events every second or so: a line about malformed
+#: ones goes out only when new ones arrived, and at most once per this many seconds.
+_MALFORMED_LOG_S = 60.0
+_log = RateLimitedLog(logger, _MALFORMED_LOG_S)
+#: Per scheduler, the time of the newest malformed event already reported.
+_reported: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -104,12 +116,47 @@ def _groups_on(ws: Any) -> int:
     return sum(1 for ts in getattr(ws, "actors", ()) if str(ts.key).startswith(GROUP_KEY_PREFIX))
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _well_formed(msg: Any) -> bool:
+    """Whether ``msg`` has the fields, of the types, that :func:`_time_split` reads.
+
+    Any client of the cluster can log an event under :data:`CLIENT_TOPIC`, so each is
+    checked here, where it is read: one bad event must not break every later read.
+    """
+    if not isinstance(msg, dict) or not isinstance(msg.get("id"), str) or not _number(msg.get("time")):
+        return False
+    seconds = msg.get("seconds")
+    return (
+        isinstance(seconds, dict)
+        and all(_number(seconds.get(p, 0.0)) for p in _PARTS)
+        and isinstance(msg.get("closed", False), bool)
+    )
+
+
 def _client_messages(scheduler: Any) -> list[dict[str, Any]]:
+    """The well-formed events under :data:`CLIENT_TOPIC`; malformed ones are skipped, and logged once."""
     try:
         events = scheduler.get_events(CLIENT_TOPIC)
     except Exception:  # a scheduler without events (closed, or too old)
         return []
-    return [msg for _, msg in events if isinstance(msg, dict) and "id" in msg and "seconds" in msg]
+    good, bad, newest_bad = [], 0, -math.inf
+    for stamp, msg in events:
+        if _well_formed(msg):
+            good.append(msg)
+        else:
+            bad, newest_bad = bad + 1, max(newest_bad, float(stamp))
+    if bad and newest_bad > _reported.get(scheduler, -math.inf):
+        _reported[scheduler] = newest_bad
+        _log(
+            "malformed", logging.WARNING,
+            "daskvec dashboard: skipping %d malformed %r events on the scheduler "
+            "(logged by some client of the cluster; the page shows the others)",
+            bad, CLIENT_TOPIC,
+        )  # fmt: skip
+    return good
 
 
 def _time_split(messages: list[dict[str, Any]], now: float) -> tuple[dict[str, float], bool, float | None, int]:

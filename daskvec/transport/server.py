@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import logging
@@ -81,12 +82,12 @@ def _poll_readable(conn: socket.socket, budget: float) -> bool:
 
 #: Longest Unix socket path used; the kernel's limit is 107 bytes on Linux, 103 on macOS.
 _MAX_UNIX_PATH = 100
-#: Connections that may wait for their handshake at once, per server.
+#: Connections that may wait for their handshake at once, per server. When that many
+#: wait, a new connection is always taken in and pushes one out: the one that has waited
+#: longest among those of the peer address holding the most slots. A right client's
+#: handshake takes milliseconds, so it is done before a flood pushes it out; and a
+#: flood from one address pushes out only its own connections.
 MAX_PENDING = 64
-#: When that many wait, a new connection pushes out the one that has waited longest if it
-#: has waited at least this long (a slow or silent peer); otherwise (a burst of fresh
-#: connections) the new one is closed at once.
-_EVICT_AFTER = 1.0
 #: Seconds the accept loop sleeps after an error, doubling per error in a row up to the max.
 _BACKOFF_MIN, _BACKOFF_MAX = 0.01, 1.0
 #: Seconds between two checks of the handshake deadlines (the accept loop's wake-ups).
@@ -100,8 +101,9 @@ class _Pending:
     """A connection waiting for its handshake, and when it must be done."""
 
     sock: socket.socket
-    since: float
+    host: str
     deadline: float
+    evicted: bool = False
 
     def cut(self) -> None:
         """Shut the connection down from another thread: its blocking read ends at once."""
@@ -114,12 +116,13 @@ class ChannelServer:
 
     Hostile peers are expected. At most ``max_pending`` connections wait for their
     handshake at once, each for at most ``handshake_timeout`` seconds in all (TLS
-    included); a connection beyond the cap pushes out the one that has waited longest
-    when that one has waited over a second, and is itself closed at once otherwise. The
-    accept loop outlives any error (no descriptor left, ``EMFILE``, included): it backs
-    off, logs once per burst and goes on. A malformed message ends its connection with
-    one log line; no thread dies with a traceback. Repeated log lines of one kind are
-    rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`).
+    included); a connection beyond the cap is taken in and pushes out the one that has
+    waited longest among those of the busiest peer address, so no rate of fresh
+    connections keeps a right client out, and a flood from one address pushes out only
+    its own. The accept loop outlives any error (no descriptor left, ``EMFILE``,
+    included): it backs off, logs once per burst and goes on. A malformed message ends
+    its connection with one log line; no thread dies with a traceback. Repeated log
+    lines of one kind are rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`).
 
     Parameters
     ----------
@@ -165,7 +168,7 @@ class ChannelServer:
         Whether TCP connections are TLS.
     refused : int
         Connections dropped because the peer failed the handshake (TLS or token), ran
-        out of time, or found no free slot.
+        out of time, or was pushed out of its slot by newer connections.
     accept_errors : int
         Errors of the accept loop (each followed by a back-off).
     polls, poll_hits : int
@@ -273,31 +276,20 @@ class ChannelServer:
                 self._log("admit", logging.WARNING, "daskvec channel %s dropped a connection: %s", self._name, e)
 
     def _admit(self, conn: socket.socket, peer: Any) -> None:
-        """Give ``conn`` a handshake slot and a thread, or close it at once if none is free."""
-        now = time.monotonic()
-        entry: _Pending | None = _Pending(conn, now, now + self._handshake_timeout)
+        """Give ``conn`` a handshake slot (pushing another out if none is free) and a thread."""
+        host = peer[0] if isinstance(peer, tuple) else str(peer)
+        entry = _Pending(conn, host, time.monotonic() + self._handshake_timeout)
         with self._lock:
-            evicted = None
-            if len(self._pending) >= self._max_pending:
-                if now - self._pending[0].since < _EVICT_AFTER:
-                    entry = None  # a burst of fresh connections: the newest goes
-                else:
-                    evicted = self._pending.pop(0)  # the slowest peer goes
-            if entry is not None:
-                self._pending.append(entry)
-        if entry is None:
-            self.refused += 1  # an evicted peer is counted by its own thread, when its read fails
-        if entry is None or evicted is not None:
+            evicted = self._evict() if len(self._pending) >= self._max_pending else None
+            self._pending.append(entry)
+        if evicted is not None:
             self._log(
                 "full", logging.WARNING,
-                "daskvec channel %s has %d connections waiting for their handshake; closed one at once",
-                self._name, self._max_pending,
+                "daskvec channel %s has %d connections waiting for their handshake; "
+                "pushed out the oldest from %s",
+                self._name, self._max_pending, evicted.host,
             )  # fmt: skip
-        if evicted is not None:
-            evicted.cut()
-        if entry is None:
-            conn.close()
-            return
+            evicted.cut()  # counted as refused by its own thread, when its read fails
         try:
             threading.Thread(
                 target=self._serve, args=(entry, peer), name=f"{self._name}-conn", daemon=True
@@ -305,6 +297,22 @@ class ChannelServer:
         except BaseException:
             self._forget(entry)
             raise
+
+    def _evict(self) -> _Pending:
+        """Take out of the slots the oldest connection of the address holding the most (under the lock).
+
+        Refusing the newest instead would let any flood faster than the slots turn over
+        keep every right client out; pushing out the oldest at any age bounds a right
+        handshake's risk to a flood of ``max_pending`` connections within its few
+        milliseconds. Choosing among the busiest address's connections keeps a flood
+        from one address off the others' slots altogether.
+        """
+        counts = collections.Counter(p.host for p in self._pending)
+        most = max(counts.values())
+        victim = next(p for p in self._pending if counts[p.host] == most)  # oldest first
+        self._pending.remove(victim)
+        victim.evicted = True
+        return victim
 
     def _sweep(self) -> None:
         """Cut the connections whose handshake deadline has passed."""
@@ -358,8 +366,13 @@ class ChannelServer:
                 self._refuse(peer, f"TLS handshake failed ({e.reason or e})")
                 return
             except (OSError, ChannelError) as e:
-                late = time.monotonic() >= entry.deadline
-                self._refuse(peer, "no handshake in time" if late else f"handshake broke off ({e})")
+                if entry.evicted:
+                    why = "pushed out by newer connections (every handshake slot taken)"
+                elif time.monotonic() >= entry.deadline:
+                    why = "no handshake in time"
+                else:
+                    why = f"handshake broke off ({e})"
+                self._refuse(peer, why)
                 return
             finally:
                 self._forget(entry)

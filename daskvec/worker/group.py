@@ -34,6 +34,8 @@ from daskvec.protocol import (
     MASK_METHOD,
     Autoreset,
     Command,
+    GroupDesc,
+    GroupSpec,
     ResetReply,
     RolloutReply,
     RolloutRequest,
@@ -41,6 +43,8 @@ from daskvec.protocol import (
     restart_seed,
 )
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
+from daskvec.transport.server import LOG_INTERVAL
+from daskvec.transport.wire import RateLimitedLog
 from daskvec.worker import probes
 from daskvec.worker.envs import (
     EnvFailure,
@@ -54,10 +58,14 @@ from daskvec.worker.envs import (
     stack_obs,
     wrapper_attr,
 )
-from daskvec.worker.reaper import queue_release, start_reaper
+from daskvec.worker.reaper import Release
 from daskvec.worker.rollout import run_rollout
 
 logger = logging.getLogger(__name__)
+#: An env that fails at every step is restarted at every step: one warning per restart
+#: would flood the worker's log (the restarts are counted in the replies and the
+#: dashboard anyway), so restart warnings go out at most once per interval per process.
+_restart_log = RateLimitedLog(logger, LOG_INTERVAL)
 
 __all__ = ["WORKER_DIRECTORY", "EnvGroup", "factory_name", "obs_shape", "stack_obs"]
 
@@ -79,21 +87,17 @@ class EnvGroup:
     ----------
     factories : bytes
         cloudpickled list of zero-argument callables, one per env.
-    env_indices : list of int
-        The vec-env index of each env, for error messages and restart seeds.
-    token : bytes or None
-        Secret for the direct channel; ``None`` serves Dask actor calls only.
-    on_env_error : {"raise", "restart"}
-        What to do when an env raises in ``step`` or ``reset``.
-    max_restarts : int
-        Per-env budget of restarts after env errors.
-    restarts : list of int, optional
-        Error restarts of these envs in an earlier life (they count against the budget).
-    rebuilds : list of int, optional
-        How many times each env was rebuilt so far, for any reason: the restart count
-        its next restart seed derives from (see :func:`daskvec.protocol.restart_seed`).
-    base_seeds : list of int or None, optional
-        The seed the user last gave each env, which restart seeds derive from.
+    spec : GroupSpec
+        What the client asks of the group (:class:`daskvec.protocol.GroupSpec`): env
+        indices, channel token, error policy and restart history, busy polling, action
+        masks, autoreset mode, TLS and the build timeout. A ``busy_poll`` of ``None``
+        is this worker's Dask config ``daskvec.busy-poll`` (see
+        :func:`daskvec.config.worker_busy_poll`). With ``tls`` there is no Unix socket
+        unless ``unix_dir`` names a directory (an env process's link to its actor,
+        private to this user). Without a ``build_timeout`` the factories run on the
+        calling thread; with one, on a thread of their own that is abandoned when they
+        take longer (the worker's task thread is freed and
+        :class:`~daskvec.errors.EnvBuildTimeoutError` names the env whose factory hung).
     worker_address : str, optional
         Address reported in errors and infos; by default the current worker's.
     listen_host : str, optional
@@ -103,82 +107,56 @@ class EnvGroup:
         (``WORKER_DIRECTORY``) the worker's local directory, which Dask cleans up after
         the worker, or the system's temporary directory outside a worker (``None``: no
         Unix socket).
-    busy_poll : float, optional
-        Seconds the direct channel polls for the next request after each reply
-        (see :class:`daskvec.transport.ChannelServer`); ``None``: this worker's Dask
-        config ``daskvec.busy-poll`` (see :func:`daskvec.config.worker_busy_poll`).
-    send_masks : bool, optional
-        When every env has an ``action_masks`` method (checked once, and again for an
-        env rebuilt after an error), send the masks with every step and reset reply
-        (:attr:`daskvec.protocol.StepReply.masks`). Default ``True``.
-    autoreset : Autoreset or str, optional
-        When an env whose episode ended is reset (:class:`daskvec.protocol.Autoreset`);
-        by default at once, in the same step (Stable-Baselines3's semantics).
-    tls : bool or distributed.security.Security, optional
-        Make the direct channel's TCP socket TLS (mutual, with the worker's
-        certificates, or those of the ``Security`` given). Then there is no Unix
-        socket unless ``unix_dir`` names a directory (an env process's link to its
-        actor, private to this user).
-    build_timeout : float, optional
-        Seconds the factories may take in all. They then run on a thread of their own
-        that is abandoned when they take longer (the worker's task thread is freed and
-        :class:`~daskvec.errors.EnvBuildTimeoutError` names the env whose factory hung).
-        ``None``: build on the calling thread, without a limit.
+    security : distributed.security.Security, optional
+        Certificates of a TLS channel when not the current worker's (an env process
+        gets its worker's).
     """
 
     def __init__(
         self,
         factories: bytes,
-        env_indices: list[int],
-        token: bytes | None = None,
-        on_env_error: str = "raise",
-        max_restarts: int = 10,
-        restarts: list[int] | None = None,
+        spec: GroupSpec,
         *,
-        rebuilds: list[int] | None = None,
-        base_seeds: list[int | None] | None = None,
         worker_address: str | None = None,
         listen_host: str | None = None,
         unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
-        busy_poll: float | None = 0.0,
-        send_masks: bool = True,
-        autoreset: str = Autoreset.SAME_STEP,
-        tls: Any = False,
-        build_timeout: float | None = None,
+        security: Any = None,
     ) -> None:
         self._worker = probes.current_worker()
-        self.autoreset = Autoreset(autoreset)
+        self.autoreset = Autoreset(spec.autoreset)
         # NEXT_STEP: envs whose next step request resets them (None), or hands out the
         # first observation and reset info of their rebuild
         self._pending: dict[int, tuple[Any, dict[str, Any]] | None] = {}
         self.worker_address: str = worker_address or str(getattr(self._worker, "address", "local"))
+        token = spec.token
         # the direct channel's budget (checked before any env is built): given, or this worker's config
-        self.busy_poll = None if token is None else config.worker_busy_poll(busy_poll, self.worker_address)
-        self.env_indices = list(env_indices)
-        self.on_env_error = on_env_error
-        self.max_restarts = max_restarts
-        self.restarts = list(restarts) if restarts is not None else [0] * len(env_indices)
-        self.rebuilds = list(rebuilds) if rebuilds is not None else list(self.restarts)
+        self.busy_poll = None if token is None else config.worker_busy_poll(spec.busy_poll, self.worker_address)
+        self.env_indices = list(spec.env_indices)
+        self.on_env_error = spec.on_env_error
+        self.max_restarts = spec.max_restarts
+        self.restarts = list(spec.error_restarts or [0] * len(self.env_indices))
+        self.rebuilds = list(spec.rebuilds) if spec.rebuilds is not None else list(self.restarts)
         self._lock = threading.Lock()
         self._closed = False
         self._factories: list[Callable[[], gym.Env[Any, Any]]] = cloudpickle.loads(factories)
         ssl_context = None
-        if token is not None and tls:  # before the build: a missing certificate fails fast
-            ssl_context = probes.listen_ssl_context(self._worker, None if tls is True else tls)
-        self.envs = self._build_all() if build_timeout is None else self._build_in_thread(build_timeout)
-        self._send_masks = bool(send_masks)
+        if token is not None and spec.tls:  # before the build: a missing certificate fails fast
+            ssl_context = probes.listen_ssl_context(self._worker, security)
+        timeout = spec.build_timeout
+        self.envs = self._build_all() if timeout is None else self._build_in_thread(timeout)
+        self._send_masks = bool(spec.send_masks)
         self._masks_on = self._detect_masks()
         n = len(self.envs)
         self._returns = np.zeros(n, dtype=np.float64)
         self._last_obs: Any = None
-        self._seeds: list[int | None] = list(base_seeds) if base_seeds is not None else [None] * n
+        self._seeds: list[int | None] = list(spec.base_seeds) if spec.base_seeds is not None else [None] * n
         self.stats = metrics.GroupStats(n)
         metrics.install_worker_metrics(self._worker, self.stats)
         self.deadline = probes.worker_deadline(self._worker)
         self._server: ChannelServer | None = None
         if token is not None:
             if isinstance(unix_dir, _WorkerDirectory):
-                unix_dir = None if tls else probes.unix_dir(self._worker)
+                unix_dir = None if spec.tls else probes.unix_dir(self._worker)
             # the server's threads must not keep the group alive: see the finalizer below
             self._server = ChannelServer(
                 listen_host or probes.listen_host(self._worker),
@@ -189,14 +167,13 @@ class EnvGroup:
                 busy_poll=self.busy_poll or 0.0,
                 ssl_context=ssl_context,
             )
-        # Closes the channel and the envs once: from shutdown(), or when the group is
-        # garbage collected because Dask dropped the actor without a shutdown (its client
-        # died, e.g. a notebook kernel killed mid-run). Without it the envs, the sockets
-        # and the listening threads of such a group would stay on the worker for good.
-        self._release_job = functools.partial(_release_group, self._server, self.envs, self.stats, self.worker_address)
-        start_reaper()
-        self._finalizer = weakref.finalize(self, queue_release, self._release_job)
-        self._finalizer.atexit = False
+        # Closes the channel and the envs once: from shutdown(), or when Dask dropped the
+        # actor without one (the client gave the group up after a timeout, or died), or
+        # when the group is garbage collected. Without it the envs, the sockets and the
+        # listening threads of such a group would stay on the worker for good.
+        self._release = Release(
+            self, functools.partial(_release_group, self._server, self.envs, self.stats, self.worker_address)
+        )
         self._commands: dict[str, Callable[..., Any]] = {
             Command.STEP: self.step,
             Command.RESET: self.reset,
@@ -212,6 +189,7 @@ class EnvGroup:
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
             Command.ROLLOUT: self.rollout,  # issue 13
         }
+        self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
 
     # ---------------------------------------------------------------- lifecycle
     def _build_in_thread(self, timeout: float) -> list[gym.Env[Any, Any]]:
@@ -278,24 +256,22 @@ class EnvGroup:
             )
         return env
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> GroupDesc:
         """Spaces, worker, process and channel address of this group."""
-        env = self.envs[0]
-        return {
-            "observation_spaces": [e.observation_space for e in self.envs],
-            "action_spaces": [e.action_space for e in self.envs],
-            "observation_space": env.observation_space,
-            "action_space": env.action_space,
-            "address": None if self._server is None else self._server.address,
-            "tls": self._server is not None and self._server.tls,
-            "unix_path": None if self._server is None else self._server.unix_path,
-            "machine": machine_id(),
-            "worker": self.worker_address,
-            "pid": os.getpid(),
-            "deadline": self.deadline,
-            "profiler_hazard": probes.profiler_hazard(self._worker),
-            "busy_poll": self.busy_poll,
-        }
+        server = self._server
+        return GroupDesc(
+            worker=self.worker_address,
+            pid=os.getpid(),
+            machine=machine_id(),
+            observation_spaces=tuple(e.observation_space for e in self.envs),
+            action_spaces=tuple(e.action_space for e in self.envs),
+            address=None if server is None else tuple(server.address),
+            unix_path=None if server is None else server.unix_path,
+            tls=server is not None and server.tls,
+            deadline=self.deadline,
+            profiler_hazard=probes.profiler_hazard(self._worker),
+            busy_poll=self.busy_poll,
+        )
 
     def refused_connections(self) -> int:
         """How many peers the direct channel refused (failed authentication)."""
@@ -314,8 +290,27 @@ class EnvGroup:
             if self._closed:
                 return False
             self._closed = True
-        if self._finalizer.detach() is not None:  # not released by the collector already
-            self._release_job()
+        self._release.now()  # unless the reaper released the group already
+        return True
+
+    def release_dropped(self) -> bool:
+        """Release the group as :meth:`shutdown` does, without waiting for a call in progress.
+
+        The reaper calls this once Dask dropped the actor without a shutdown: nobody
+        will call the group again. Its channel closes at once; its envs close when no
+        call is running (one that hung keeps them until it returns). Returns ``False``
+        while a call runs: the reaper asks again later.
+        """
+        if self._server is not None:
+            self._server.close()
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._closed = True
+        finally:
+            self._lock.release()
+        if self._release.now():
+            logger.info("%r: Dask dropped the actor without a shutdown; its envs and channel are closed", self)
         return True
 
     # ---------------------------------------------------------------- dispatch
@@ -365,7 +360,10 @@ class EnvGroup:
             )
             err.__cause__ = exc
             raise self._fail(pos, err)
-        logger.warning("env %d raised %s: %s; rebuilding it (restart %d)", index, type(exc).__name__, exc, count)
+        _restart_log(
+            "restart", logging.WARNING,
+            "env %d raised %s: %s; rebuilding it (restart %d)", index, type(exc).__name__, exc, count,
+        )  # fmt: skip
         try:
             self.envs[pos].close()
         except Exception:
@@ -602,7 +600,7 @@ def _close_envs(envs: Sequence[gym.Env[Any, Any]], where: str) -> None:
 def _release_group(
     server: ChannelServer | None, envs: list[gym.Env[Any, Any]], stats: metrics.GroupStats, where: str
 ) -> None:
-    """Close what an :class:`EnvGroup` holds (its finalizer: must not refer to the group)."""
+    """Close what an :class:`EnvGroup` holds (its :class:`Release` job: must not refer to the group)."""
     if server is not None:
         server.close()
     _close_envs(envs, where)

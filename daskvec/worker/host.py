@@ -10,6 +10,7 @@ killing the process, and an env that crashes the interpreter takes only its grou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -30,11 +31,11 @@ import cloudpickle
 from daskvec import metrics
 from daskvec.config import worker_busy_poll
 from daskvec.errors import EnvBuildTimeoutError
-from daskvec.protocol import Command, RemoteError
+from daskvec.protocol import Command, GroupDesc, GroupSpec, RemoteError
 from daskvec.transport import ChannelError, DirectChannel, pack, unpack
 from daskvec.worker import probes
 from daskvec.worker.group import EnvGroup
-from daskvec.worker.reaper import queue_release, start_reaper
+from daskvec.worker.reaper import Release
 
 logger = logging.getLogger(__name__)
 
@@ -61,92 +62,77 @@ class EnvHost:
 
     Parameters
     ----------
-    factories, env_indices, token
-        As for :class:`EnvGroup`.
-    *group_options
-        :class:`EnvGroup`'s further positional arguments (``on_env_error``,
-        ``max_restarts``, ``restarts``), handed to it unchanged in the env process.
-    build_timeout : float
-        Seconds the envs may take to build before the process is killed and
-        ``TimeoutError`` is raised.
-    busy_poll, rebuilds, base_seeds, send_masks, autoreset
-        As for :class:`EnvGroup`.
-    tls : bool, optional
-        The env process's TCP channel is TLS, with this worker's certificates (its
-        Unix socket, this actor's own link, stays private to this user).
+    factories, spec
+        As for :class:`EnvGroup`. ``spec.build_timeout`` (default 300 s) bounds the
+        build, after which the process is killed; with ``spec.tls`` the env process's
+        TCP channel is TLS, with this worker's certificates (its Unix socket, this
+        actor's own link, stays private to this user).
     """
 
-    def __init__(
-        self,
-        factories: bytes,
-        env_indices: list[int],
-        token: bytes | None = None,
-        *group_options: Any,
-        build_timeout: float = 300.0,
-        busy_poll: float | None = 0.0,
-        rebuilds: list[int] | None = None,
-        base_seeds: list[int | None] | None = None,
-        send_masks: bool = True,
-        autoreset: str = "SameStep",
-        tls: bool = False,
-    ) -> None:
+    def __init__(self, factories: bytes, spec: GroupSpec) -> None:
         worker = probes.current_worker()
         self.worker_address = getattr(worker, "address", "local")
-        self.env_indices = list(env_indices)
+        self.env_indices = list(spec.env_indices)
         self._lock = threading.Lock()
         self._closed = False
+        token, tls = spec.token, spec.tls
         # the actor's own link to the process: loopback, with a token of its own when the
         # client does not use the direct path (then nothing but the actor can reach the envs)
         local_token = token if token is not None else secrets.token_bytes(32)
+        build_timeout = 300.0 if spec.build_timeout is None else spec.build_timeout
+        inner = dataclasses.replace(
+            spec,
+            token=local_token,
+            # read here, in the worker, whose Dask config the env process may not share
+            busy_poll=worker_busy_poll(spec.busy_poll, self.worker_address),
+            build_timeout=None,  # bounded here, by killing the process
+        )
         config = {
-            "group_args": (factories, self.env_indices, local_token, *group_options),
-            "group_kwargs": {
+            "factories": factories,
+            "spec": inner,
+            "local": {
                 "worker_address": self.worker_address,
                 "listen_host": probes.listen_host(worker) if token is not None else "127.0.0.1",
                 "unix_dir": probes.unix_dir(worker),
-                # read here, in the worker, whose Dask config the env process may not share
-                "busy_poll": worker_busy_poll(busy_poll, self.worker_address),
-                "rebuilds": rebuilds,
-                "base_seeds": base_seeds,
-                "send_masks": send_masks,
-                "autoreset": autoreset,
                 # the certificates travel to the env process in the pipe (contexts do not pickle)
-                "tls": getattr(worker, "security", None) if tls else False,
+                "security": getattr(worker, "security", None) if tls else None,
             },
             "sys_path": list(sys.path),
         }
-        start_reaper()
         self._proc, desc = _start_env_process(config, self.env_indices, build_timeout)
-        # released without shutdown() (a lost or hung group is dropped by the client): stop it then
-        self._finalizer = weakref.finalize(self, _stop_env_process, self._proc, False)
+        # stops the env process once: from shutdown(), or when Dask dropped the actor
+        # without one (the client gave the group up after a timeout, or died), or when
+        # the actor is garbage collected
+        self._release = Release(self, functools.partial(_stop_env_process, self._proc))
         try:
-            address = desc["unix_path"] or tuple(desc["address"])  # same machine: Unix if it has one
+            address = desc.unix_path or tuple(desc.address or ())  # same machine: Unix if it has one
             link_tls = None
-            if tls and not desc["unix_path"]:  # only the TLS port: connect as the worker does to its peers
+            if tls and not desc.unix_path:  # only the TLS port: connect as the worker does to its peers
                 link_tls = worker.security.get_connection_args("worker")["ssl_context"]
             self._channel = DirectChannel(address, local_token, connect_timeout=10.0, ssl_context=link_tls)
             self._stats_channel = DirectChannel(address, local_token, connect_timeout=10.0, ssl_context=link_tls)
         except BaseException:
-            self._finalizer()
+            self._release.now()
             raise
-        self._desc = dict(desc)
-        self._desc.update(
+        self._desc = dataclasses.replace(
+            desc,
             worker=self.worker_address,
             pid=os.getpid(),
             env_pid=self._proc.pid,
             deadline=probes.worker_deadline(worker),
             profiler_hazard=probes.profiler_hazard(worker),
-            address=desc["address"] if token is not None else None,
-            unix_path=desc["unix_path"] if token is not None else None,
+            address=desc.address if token is not None else None,
+            unix_path=desc.unix_path if token is not None else None,
         )
         self.stats = metrics.GroupStats(len(self.env_indices))
         metrics.install_worker_metrics(worker, self.stats)
         poller = threading.Thread(target=_poll_stats, args=(weakref.ref(self),), name="daskvec-env-stats", daemon=True)
         poller.start()
+        self._release.watch(worker, probes.actor_key(worker))  # last: release_dropped may run now
 
-    def describe(self) -> dict[str, Any]:
-        """As :meth:`EnvGroup.describe`, plus ``env_pid``, the env process's id."""
-        return dict(self._desc)
+    def describe(self) -> GroupDesc:
+        """As :meth:`EnvGroup.describe`, with ``env_pid``, the env process's id."""
+        return self._desc
 
     def refused_connections(self) -> int:
         """How many peers the env process's direct channel refused."""
@@ -186,9 +172,23 @@ class EnvHost:
         self._refresh_stats(timeout=1.0)  # the counters keep what the envs did last
         self._channel.close()
         self._stats_channel.close()
-        self._finalizer.detach()
-        _stop_env_process(self._proc, wait=True)
+        self._release.now()
         metrics.forget(self.stats)
+        return True
+
+    def release_dropped(self) -> bool:
+        """Stop the env process as :meth:`shutdown` does, without waiting for a call in progress.
+
+        The reaper calls this once Dask dropped the actor without a shutdown: nobody
+        will call it again. A call forwarded to a hung env process ends when its
+        channel closes, so nothing here waits for the lock.
+        """
+        self._closed = True
+        self._channel.close()
+        self._stats_channel.close()
+        if self._release.now():
+            metrics.forget(self.stats)
+            logger.info("%r: Dask dropped the actor without a shutdown; its env process is stopped", self)
         return True
 
     def __repr__(self) -> str:
@@ -206,7 +206,7 @@ def _poll_stats(ref: weakref.ref[EnvHost]) -> None:
 
 def _start_env_process(
     config: dict[str, Any], env_indices: list[int], timeout: float
-) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+) -> tuple[subprocess.Popen[bytes], GroupDesc]:
     """Start the env process, send it ``config`` and wait for its description."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = f"import sys; sys.path.insert(0, {package_root!r}); from daskvec.worker.host import host_main; host_main()"
@@ -268,23 +268,11 @@ def _read_message(fd: int, timeout: float) -> bytes | None:
     return buf[8:need]
 
 
-def _stop_env_process(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
-    """Ask the env process to stop (its stdin closes), then kill it if it does not.
-
-    With ``wait=False`` (the actor was released, possibly on the worker's event loop
-    or inside the garbage collector) the waiting and killing happen on the reaper
-    thread.
-    """
+def _stop_env_process(proc: subprocess.Popen[bytes]) -> None:
+    """Ask the env process to stop (its stdin closes), then kill it if it does not."""
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
-    if not wait:  # possibly inside the garbage collector: no thread starts here
-        queue_release(functools.partial(_reap, proc))
-    else:
-        _reap(proc)
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(timeout=_STOP_GRACE_S)
     except subprocess.TimeoutExpired:
@@ -335,7 +323,7 @@ def host_main() -> None:
     watcher = threading.Thread(target=_exit_when_closed, args=(stdin, built), name="daskvec-parent", daemon=True)
     watcher.start()
     try:
-        group = EnvGroup(*config["group_args"], **config["group_kwargs"])
+        group = EnvGroup(config["factories"], config["spec"], **config["local"])
         reply: tuple[str, Any] = ("ok", group.describe())
         built.append(group)
     except BaseException as e:  # sent to the actor, which raises it on the worker

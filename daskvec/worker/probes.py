@@ -1,8 +1,8 @@
 """Worker-side probes: what a group learns about the worker process it runs in.
 
 The current Dask worker, the interface and directory its direct channel should use,
-when the worker is expected to leave (``--lifetime``, a SLURM job's end) and whether
-Dask's profiler can deadlock it.
+when the worker is expected to leave (``--lifetime``, a SLURM job's end), whether
+Dask's profiler can deadlock it, and whether it still holds a group's actor.
 """
 
 from __future__ import annotations
@@ -13,10 +13,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Hashable
 from datetime import datetime
 from typing import Any
 
-__all__ = ["current_worker", "listen_host", "listen_ssl_context", "profiler_hazard", "unix_dir", "worker_deadline"]
+__all__ = [
+    "actor_key",
+    "current_worker",
+    "holds_actor",
+    "listen_host",
+    "listen_ssl_context",
+    "profiler_hazard",
+    "unix_dir",
+    "worker_deadline",
+]
 
 
 def current_worker() -> Any:
@@ -27,6 +37,31 @@ def current_worker() -> Any:
         return get_worker()
     except ValueError:
         return None
+
+
+def actor_key(worker: Any) -> Hashable | None:
+    """The key of the task running on this thread of ``worker`` (an actor being built); ``None`` outside a task."""
+    if worker is None:
+        return None
+    try:
+        key: Hashable = worker.get_current_task()
+    except (AttributeError, KeyError):  # not a task's thread
+        return None
+    return key
+
+
+def holds_actor(worker: Any, key: Hashable) -> bool:
+    """Whether ``worker`` still holds the actor ``key`` (from the start of its constructor on).
+
+    Dask forgets an actor's key when its future is released: its client cancelled it
+    (after giving the group up) or is gone. A worker without ``state.actors`` (another
+    Dask) is taken to hold it, so that nothing is released by mistake. A dict lookup:
+    cheap enough to ask every second.
+    """
+    try:
+        return key in worker.state.actors
+    except AttributeError:
+        return True
 
 
 def profiler_hazard(worker: Any) -> bool:
