@@ -164,6 +164,10 @@ class StepBuffers:
             self._truncate(i, marker, terminal, keep_step=False)
         self._deferred.clear()
 
+    def deferred_envs(self) -> list[int]:
+        """The envs whose truncation the next step reports (rebuilt since the last step)."""
+        return sorted(self._deferred)
+
     def forget_deferred(self) -> None:
         """Drop deferred reports (a reset starts new episodes everywhere)."""
         self._deferred.clear()

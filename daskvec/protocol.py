@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -34,10 +35,13 @@ __all__ = [
     "GroupDesc",
     "GroupSpec",
     "RemoteError",
+    "FrameStack",
+    "ObsPipeline",
     "ResetReply",
     "RolloutReply",
     "RolloutRequest",
     "StepReply",
+    "TransposeImage",
     "restart_seed",
     "unwrap",
 ]
@@ -380,6 +384,10 @@ class RolloutRequest:
     seed : int or None
         Seeds the worker's torch random stream for this rollout (with the group's first
         env index, so that groups sample independently); ``None`` leaves it alone.
+    obs_pipeline : ObsPipeline or None
+        What the VecEnv wrappers between the envs and the policy do to the
+        observations (frame stacks, transpositions), with their state; ``None``: the
+        policy sees the envs' observations (normalised with ``obs_norm``).
     """
 
     version: int
@@ -388,10 +396,114 @@ class RolloutRequest:
     n_steps: int
     obs_norm: dict[str, Any] | None = None
     seed: int | None = None
+    obs_pipeline: ObsPipeline | None = None
 
     def shorter(self, by: int) -> RolloutRequest:
-        """The same request for ``by`` fewer steps (the rest of a rollout, recollected)."""
-        return dataclasses.replace(self, n_steps=self.n_steps - by)
+        """The same request for ``by`` fewer steps (the rest of a rollout, recollected).
+
+        The rest starts from rebuilt envs, which the client reports done in the step
+        before: their frame stacks start afresh, as ``VecFrameStack`` restarts them.
+        """
+        pipeline = None if self.obs_pipeline is None else self.obs_pipeline.afresh()
+        return dataclasses.replace(self, n_steps=self.n_steps - by, obs_pipeline=pipeline)
+
+    def for_envs(self, env_indices: Sequence[int]) -> RolloutRequest:
+        """The request for the group holding ``env_indices``: its rows of the pipeline's state."""
+        if self.obs_pipeline is None:
+            return self
+        return dataclasses.replace(self, obs_pipeline=self.obs_pipeline.rows(env_indices))
+
+
+@dataclass(frozen=True, slots=True)
+class FrameStack:
+    """``VecFrameStack``'s frame stacking (SB3's ``StackedObservations``), for the workers to repeat.
+
+    Attributes
+    ----------
+    n_stack : int
+        Frames per stack.
+    keys : tuple
+        The observation's entries it stacks: ``(None,)`` for a single array, the names
+        of a Dict space's entries (every entry is stacked).
+    channels_first : tuple of bool
+        Per key: stacked along an observation's first axis (else its last).
+    dtypes : tuple of str
+        Per key: the dtype of the stacked observations (the wrapped space's).
+    """
+
+    n_stack: int
+    keys: tuple[str | None, ...]
+    channels_first: tuple[bool, ...]
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TransposeImage:
+    """``VecTransposeImage``: images from height x width x channels to channels x height x width.
+
+    Attributes
+    ----------
+    keys : tuple
+        The entries it transposes: ``(None,)`` for a single array, the image entries of a Dict space.
+    """
+
+    keys: tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ObsPipeline:
+    """The VecEnv wrappers between a group's envs and the policy, as a rollout's workers repeat them.
+
+    ``VecMonitor`` changes no observation and has no stage; a ``VecNormalize``
+    normalises with :attr:`RolloutRequest.obs_norm` after :attr:`norm_at` stages.
+
+    Attributes
+    ----------
+    stages : tuple of FrameStack or TransposeImage
+        From the envs up: the wrapper nearest the vec env first.
+    stacks : tuple
+        One entry per :class:`FrameStack` stage: its stacked observations (an array,
+        or a dict by key), a row per env, as the client's wrapper holds them before the
+        rollout; ``()``: every stack starts afresh from the envs' current observations
+        (zeros, then the observation), as ``VecFrameStack`` starts it after a reset.
+    first : array, dict of arrays or None
+        The policy's input before the first step, a row per env (after any
+        ``VecNormalize``: what the learner's rollout buffer holds at step 0); ``None``:
+        made from :attr:`stacks` and the envs' current observations.
+    restack : tuple of int
+        Rows whose stacks restart after the first step: envs rebuilt since the last
+        step, which the client reports done in the first step.
+    norm_at : int or None
+        How many stages come before the ``VecNormalize`` (the others are above it);
+        ``None``: after every stage.
+    """
+
+    stages: tuple[FrameStack | TransposeImage, ...] = ()
+    stacks: tuple[Any, ...] = ()
+    first: Any = None
+    restack: tuple[int, ...] = ()
+    norm_at: int | None = None
+
+    def rows(self, env_indices: Sequence[int]) -> ObsPipeline:
+        """The pipeline of the envs ``env_indices`` (rows of the state; :attr:`restack` as their positions)."""
+        idx = np.asarray(env_indices, dtype=np.intp)
+        wanted = set(self.restack)
+        return dataclasses.replace(
+            self,
+            stacks=tuple(_rows(s, idx) for s in self.stacks),
+            first=None if self.first is None else _rows(self.first, idx),
+            restack=tuple(pos for pos, i in enumerate(env_indices) if i in wanted),
+        )
+
+    def afresh(self) -> ObsPipeline:
+        """The same stages with every stack started afresh from the envs' current observations."""
+        return ObsPipeline(self.stages, norm_at=self.norm_at)
+
+
+def _rows(obs: Any, idx: np.ndarray) -> Any:
+    if isinstance(obs, dict):
+        return {k: v[idx] for k, v in obs.items()}
+    return obs[idx]
 
 
 @dataclass(slots=True, eq=False)

@@ -38,7 +38,7 @@ from daskvec.cluster import dumps_by_value
 from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.pool import Group, StepOutcome
-from daskvec.protocol import Command, RolloutReply, RolloutRequest, StepReply
+from daskvec.protocol import Command, ObsPipeline, RolloutReply, RolloutRequest, StepReply
 from daskvec.recovery import Rebuild
 
 logger = logging.getLogger(__name__)
@@ -100,11 +100,13 @@ class PolicyShipment:
         self.state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
         return self
 
-    def request(self, n_steps: int, obs_norm: dict[str, Any] | None = None) -> RolloutRequest:
-        """The request every group gets for a rollout of ``n_steps``."""
+    def request(
+        self, n_steps: int, obs_norm: dict[str, Any] | None = None, obs_pipeline: ObsPipeline | None = None
+    ) -> RolloutRequest:
+        """The request for a rollout of ``n_steps`` (each group gets its rows of ``obs_pipeline``)."""
         if self.version < 0:
             raise RuntimeError("PolicyShipment.update(policy) must be called before request()")
-        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed)
+        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed, obs_pipeline)
 
 
 @dataclass(eq=False)
@@ -151,9 +153,10 @@ class Rollout:
     ----------
     n_steps, n_envs : int
         Vec-steps collected, and envs.
-    obs : numpy.ndarray
-        ``(n_steps + 1, n_envs, ...)``: raw observations before each step, then the last
-        (before any move at the end of the rollout).
+    obs : numpy.ndarray or dict of numpy.ndarray
+        ``(n_steps + 1, n_envs, ...)``: the envs' own observations (below any VecEnv
+        wrapper) before each step, then the last (before any move at the end of the
+        rollout); a dict of such arrays for a Dict space.
     actions : numpy.ndarray
         ``(n_steps, n_envs, ...)``: the policy's raw actions.
     values, log_probs : numpy.ndarray
@@ -177,7 +180,7 @@ class Rollout:
 
     n_steps: int
     n_envs: int
-    obs: np.ndarray
+    obs: Any
     actions: np.ndarray
     values: np.ndarray
     log_probs: np.ndarray
@@ -202,11 +205,15 @@ class Rollout:
         self.log_probs[0, self.missing] = np.asarray(log_probs, dtype=np.float32).reshape(-1)
 
     @classmethod
-    def stitch(cls, collected: Collected, obs0: np.ndarray, action_space: gym.Space[Any]) -> Rollout:
-        """The fragments as ``(n_steps, n_envs)`` arrays in env order; ``obs0``: the observations before step 0."""
-        n, n_steps, parts = len(obs0), collected.n_steps, collected.parts
-        obs = np.zeros((n_steps + 1, *obs0.shape), dtype=obs0.dtype)
-        obs[0] = obs0
+    def stitch(cls, collected: Collected, obs0: Any, action_space: gym.Space[Any]) -> Rollout:
+        """The fragments as ``(n_steps, n_envs)`` arrays in env order.
+
+        ``obs0``: the observations before step 0 (an array, or a dict of arrays).
+        """
+        n_steps, parts = collected.n_steps, collected.parts
+        n = len(next(iter(obs0.values()))) if isinstance(obs0, dict) else len(obs0)
+        obs = _by_key(obs0, lambda o: np.zeros((n_steps + 1, *o.shape), dtype=o.dtype))
+        _put(obs, 0, obs0)
         if parts:
             ref = parts[0].reply.actions
             actions = np.zeros((n_steps, n, *ref.shape[2:]), dtype=ref.dtype)
@@ -221,7 +228,7 @@ class Rollout:
             parts=parts, rebuilds=collected.rebuilds, moved=collected.moved, wall_seconds=collected.wall_seconds,
         )  # fmt: skip
         for r in collected.rebuilds:
-            rollout.obs[1, r.group.index] = r.reply.obs
+            _put(rollout.obs, (1, r.group.index), r.reply.obs)
         for part in parts:
             rollout._place(part)
         return rollout
@@ -234,7 +241,7 @@ class Rollout:
             raise DaskVecEnvError(
                 f"daskvec internal error: a fragment of {steps} steps from step {k} in a rollout of {self.n_steps}"
             )
-        self.obs[k : k + steps + 1, rows] = reply.obs
+        _put(self.obs, (slice(k, k + steps + 1), rows), reply.obs)
         self.actions[k:, rows] = reply.actions
         self.values[k:, rows] = reply.values
         self.log_probs[k:, rows] = reply.log_probs
@@ -245,6 +252,20 @@ class Rollout:
         for t, by_pos in reply.terminal_values.items():
             for pos, value in by_pos.items():
                 self.terminal_values[(t + k, indices[pos])] = value
+
+
+def _by_key(obs: Any, fn: Any) -> Any:
+    """``fn`` of an array, or of each array of a dict (a Dict space's observations)."""
+    return {k: fn(v) for k, v in obs.items()} if isinstance(obs, dict) else fn(obs)
+
+
+def _put(dst: Any, where: Any, src: Any) -> None:
+    """``dst[where] = src``, key by key for a dict."""
+    if isinstance(dst, dict):
+        for k, v in dst.items():
+            v[where] = src[k]
+    else:
+        dst[where] = src
 
 
 # --------------------------------------------------------------------------- collecting
@@ -292,6 +313,6 @@ def _run(
         parts[g] = Part(g, reply, offset)
 
     with engine.fail_stop():
-        engine.pool.send(lambda g: (Command.ROLLOUT, (request,)), groups)
+        engine.pool.send(lambda g: (Command.ROLLOUT, (request.for_envs(g.env_indices),)), groups)
         outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
     return outcome

@@ -18,6 +18,7 @@ truncations), and only then raises an env's error, if one raised.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 import warnings
@@ -35,7 +36,7 @@ from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
 from daskvec.pool import Group
-from daskvec.protocol import MASK_METHOD, Command, ResetReply, StepReply
+from daskvec.protocol import MASK_METHOD, Command, ObsPipeline, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.rollout import PolicyShipment, Rollout, collect_rollout
 
@@ -312,7 +313,11 @@ class DaskVecEnv(EngineViews, VecEnv):
         engine.finish(outcome, self._sink)
         return self._buffers.result()
     def collect_rollout(
-        self, shipment: PolicyShipment, n_steps: int, obs_norm: dict[str, Any] | None = None
+        self,
+        shipment: PolicyShipment,
+        n_steps: int,
+        obs_norm: dict[str, Any] | None = None,
+        obs_pipeline: ObsPipeline | None = None,
     ) -> Rollout:
         """Run every env for ``n_steps`` on its worker with the shipped policy (issue 13).
 
@@ -320,9 +325,8 @@ class DaskVecEnv(EngineViews, VecEnv):
         in one reply; a group whose worker is lost is rebuilt elsewhere and its envs
         report a truncation at the first step, the rest of the rollout recollected from
         the rebuilt envs. The rollout is then replayed step by step with
-        :meth:`Rollout.feed <daskvec.rollout.Rollout.feed>`, which updates this vec env
-        as ``step_wait`` would. :class:`daskvec.sb3.DaskPPO` does all of this; see
-        docs/rollouts.md.
+        :meth:`replay`, which updates this vec env as ``step_wait`` would.
+        :class:`daskvec.sb3.DaskPPO` does all of this; see docs/rollouts.md.
 
         Parameters
         ----------
@@ -333,6 +337,10 @@ class DaskVecEnv(EngineViews, VecEnv):
         obs_norm : dict, optional
             Frozen ``VecNormalize`` observation statistics (``mean``, ``var``,
             ``epsilon``, ``clip``) that the policy's inputs are normalised with.
+        obs_pipeline : ObsPipeline, optional
+            The frame stacks and transpositions of the VecEnv wrappers between this vec
+            env and the policy, with their state (a row per env), for the workers to
+            repeat.
 
         Returns
         -------
@@ -345,9 +353,12 @@ class DaskVecEnv(EngineViews, VecEnv):
         if int(n_steps) < 1:
             raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
         engine = self._engine
-        request = shipment.request(int(n_steps), obs_norm)
+        if obs_pipeline is not None:
+            # envs rebuilt since the last step report their truncation in the first one: their stacks restart there
+            obs_pipeline = dataclasses.replace(obs_pipeline, restack=tuple(self._buffers.deferred_envs()))
+        request = shipment.request(int(n_steps), obs_norm, obs_pipeline)
         collected = collect_rollout(engine, request, self.options.step_timeout * n_steps)
-        rollout = Rollout.stitch(collected, self._buffers.obs[None], self.action_space)
+        rollout = Rollout.stitch(collected, self._buffers.observations(), self.action_space)
         engine.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
         engine.maybe_publish()
         return rollout

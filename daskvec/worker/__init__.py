@@ -6,6 +6,9 @@
   observations, wrapper lookups, factory names, their errors as replies;
 - :mod:`daskvec.worker.host` -- :class:`EnvHost`, the actor when the envs live in a
   process of their own (``env_process=True``), and that process's entry point;
+- :mod:`daskvec.worker.rollout` -- a whole rollout run with a shipped policy, and
+  :mod:`daskvec.worker.obs` -- the learner's frame stacks and transpositions repeated for
+  that policy (both import torch and SB3 only when a rollout arrives, or not at all);
 - :mod:`daskvec.worker.reaper` -- releases groups that Dask dropped without a shutdown;
 - :mod:`daskvec.worker.probes` -- what a group learns about its worker (address,
   deadline, profiler).

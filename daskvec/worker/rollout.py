@@ -10,7 +10,10 @@ a Box space (or unscaled for a squashed policy) before the envs step, the raw ac
 kept. The envs are stepped by the group's own :meth:`~daskvec.worker.EnvGroup.step`, so
 episode ends, resets and restarts after env errors are exactly those of a synchronous
 step. For every truncated (not terminated) episode the value of its last observation is
-computed with the same policy, for the learner's bootstrap.
+computed with the same policy, for the learner's bootstrap. Frame stacks and image
+transpositions of the learner's VecEnv wrappers are repeated on the way from the envs
+to the policy (:mod:`daskvec.worker.obs`); the fragment carries the envs' own
+observations, which the client replays through its wrappers.
 
 torch and Stable-Baselines3 are imported when the first rollout arrives, never when the
 worker imports :mod:`daskvec.worker`; torch then runs on one thread.
@@ -27,38 +30,18 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import RolloutReply, RolloutRequest
+from daskvec.protocol import RolloutReply, RolloutRequest, StepReply
+from daskvec.worker.obs import ObsChain
 
 if TYPE_CHECKING:
     from daskvec.worker.group import EnvGroup
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["normalize_obs", "run_rollout"]
+__all__ = ["run_rollout"]
 
 #: Each group's copy of the policy: (version, policy).
 _POLICIES: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
-
-
-def normalize_obs(obs: np.ndarray, norm: dict[str, Any] | None) -> np.ndarray:
-    """Observations normalised as ``VecNormalize.normalize_obs`` does, with frozen statistics.
-
-    Parameters
-    ----------
-    obs : numpy.ndarray
-        Raw observations.
-    norm : dict or None
-        ``mean``, ``var``, ``epsilon`` and ``clip``; ``None`` returns ``obs`` unchanged.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``float32``, clipped to ``[-clip, clip]`` (or ``obs`` itself).
-    """
-    if norm is None:
-        return obs
-    scaled = (obs - norm["mean"]) / np.sqrt(norm["var"] + norm["epsilon"])
-    return np.clip(scaled, -norm["clip"], norm["clip"]).astype(np.float32)
 
 
 def _policy(group: EnvGroup, request: RolloutRequest) -> Any:
@@ -161,11 +144,15 @@ def run_rollout(group: EnvGroup, request: RolloutRequest) -> RolloutReply:
         th.manual_seed(int(np.random.SeedSequence([request.seed, group.env_indices[0]]).generate_state(1)[0]))
     space = group.envs[0].action_space
     frag = _Fragment(group.last_obs)
-    norm = request.obs_norm
+    pipeline = request.obs_pipeline
+    chain = ObsChain(pipeline, group.last_obs, request.obs_norm)
+    # the learner's own step-0 input when it sent one: the envs' buffer rows begin with it
+    seen = pipeline.first if pipeline is not None and pipeline.first is not None else chain.seen
+    restack = pipeline.restack if pipeline is not None else ()
     for t in range(request.n_steps):
         t0 = time.perf_counter()
         with th.no_grad():
-            actions, values, log_probs = policy(obs_as_tensor(normalize_obs(frag.obs[-1], norm), th.device("cpu")))
+            actions, values, log_probs = policy(obs_as_tensor(seen, th.device("cpu")))
         raw = actions.numpy()
         frag.reply.policy_seconds += time.perf_counter() - t0
         step = group.step(_env_actions(policy, raw, space))
@@ -180,20 +167,25 @@ def run_rollout(group: EnvGroup, request: RolloutRequest) -> RolloutReply:
         for name in ("final_obs", "infos", "reset_infos", "restarted"):
             frag.sparse(t, name, getattr(step, name))
         t0 = time.perf_counter()
-        frag.sparse(t, "terminal_values", _terminal_values(policy, step, norm))
+        terminals = chain.step(step.obs, step.dones, step.final_obs, restack if t == 0 else ())
+        seen = chain.seen
+        frag.sparse(t, "terminal_values", _terminal_values(policy, step, terminals))
         frag.reply.policy_seconds += time.perf_counter() - t0
     return frag.finish()
 
 
-def _terminal_values(policy: Any, step: Any, norm: dict[str, Any] | None) -> dict[int, float]:
-    """``V(last observation)`` of each episode of ``step`` that was truncated, not terminated."""
+def _terminal_values(policy: Any, step: StepReply, terminals: dict[int, Any]) -> dict[int, float]:
+    """``V(last observation)`` of each episode of ``step`` that was truncated, not terminated.
+
+    ``terminals``: by position, the episodes' last observations as the policy sees them.
+    """
     import torch as th
 
     out: dict[int, float] = {}
     for pos in np.flatnonzero(step.truncated & ~step.terminated).tolist():
-        if step.final_obs.get(pos) is None:
+        if terminals.get(pos) is None:
             continue
-        obs = policy.obs_to_tensor(normalize_obs(step.final_obs[pos], norm))[0]
+        obs = policy.obs_to_tensor(terminals[pos])[0]
         with th.no_grad():
             out[pos] = float(policy.predict_values(obs)[0].item())
     return out
