@@ -130,7 +130,7 @@ class StepOutcome:
 
     def file(self, g: Group, reply: Any, kind: type = StepReply) -> bool:
         """File ``g``'s reply: True for a ``kind`` reply (its env time counted), else an error or a loss."""
-        if isinstance(reply, kind):
+        if _answers(reply, kind):
             self.env_seconds = max(self.env_seconds, getattr(reply, "env_seconds", 0.0))
             return True
         if isinstance(reply, RemoteError):
@@ -140,6 +140,11 @@ class StepOutcome:
         else:
             raise RuntimeError(f"daskvec internal error: unexpected reply {type(reply).__name__}")
         return False
+
+
+def _answers(reply: Any, kind: type) -> bool:
+    """Whether ``reply`` is the answer a request expected (``kind``: ``object`` for any value), not an error."""
+    return isinstance(reply, kind) and not isinstance(reply, (RemoteError, BaseException))
 
 
 #: The reply of a group in flight that has not been read yet.
@@ -191,6 +196,9 @@ class GroupPool:
     autoreset : str
         When the groups reset finished envs (a :class:`daskvec.protocol.Autoreset`
         value); Stable-Baselines3's ``"SameStep"`` by default.
+    always_pass_options : bool
+        Whether the groups call ``env.reset(seed=..., options=...)`` always (Gymnasium's
+        way, see :class:`daskvec.protocol.GroupSpec`) or ``options=`` only when given.
     """
 
     def __init__(
@@ -200,9 +208,12 @@ class GroupPool:
         options: Options,
         directory: WorkerDirectory,
         autoreset: str = "SameStep",
+        always_pass_options: bool = False,
     ):
         self.client = client
-        self.autoreset = autoreset  # issue 16: given to every group it creates (daskvec.protocol.Autoreset)
+        # how the face wants its groups to reset envs, given to every group created
+        self.autoreset = autoreset
+        self.always_pass_options = always_pass_options
         self.env_fns = env_fns
         self.options = options
         self.directory = directory
@@ -327,6 +338,7 @@ class GroupPool:
             busy_poll=self.options.busy_poll,
             send_masks=self.options.cache_action_masks,
             autoreset=self.autoreset,
+            always_pass_options=self.always_pass_options,
             tls=self.options.encrypted,  # the group's TCP channel speaks TLS
             build_timeout=self.options.timeout,  # the worker gives up first (_BUILD_MARGIN)
         )
@@ -533,7 +545,7 @@ class GroupPool:
         try:
             for f in waiting:
                 f.reply = next(replies)
-                if isinstance(f.reply, kind):
+                if _answers(f.reply, kind):
                     take(f.group, f.reply)
         except BaseException:
             if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain
@@ -546,6 +558,21 @@ class GroupPool:
         for f in flights:
             outcome.file(f.group, f.reply, kind)
         return outcome
+
+    def all_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every group sent a request by :meth:`send` has its reply in.
+
+        Nothing is read: :meth:`collect` reads the replies. A group whose worker is gone
+        counts as ready (its channel reports it).
+        """
+        waiting = [f.group.channel for f in self._flights.values() if f.batch and f.waiting]
+        deadline = time.monotonic() + timeout
+        while waiting:
+            ready = set(wait_ready(waiting, max(deadline - time.monotonic(), 0.0)))
+            if not ready:
+                return False
+            waiting = [ch for k, ch in enumerate(waiting) if k not in ready]
+        return True
 
     def _land(self, flights: Sequence[Flight]) -> None:
         for f in flights:

@@ -34,6 +34,7 @@ __all__ = [
     "Command",
     "GroupDesc",
     "GroupSpec",
+    "PerEnv",
     "RemoteError",
     "FrameStack",
     "ObsPipeline",
@@ -101,6 +102,18 @@ class Autoreset(enum.StrEnum):
     DISABLED = "Disabled"
 
 
+class PerEnv(tuple[Any, ...]):
+    """A group's observations one env at a time, for spaces that do not stack into arrays.
+
+    Gymnasium batches ``Graph``, ``Text``, ``Sequence``, ``OneOf`` and custom spaces as a
+    tuple of per-env values (``gymnasium.vector.utils.concatenate``); a group sends
+    theirs as this tuple, whose own type keeps it apart from the entries of a ``Tuple``
+    space's observations.
+    """
+
+    __slots__ = ()
+
+
 def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) -> int:
     """Seed used to reset env ``env_index`` after its ``restarts``-th rebuild.
 
@@ -158,6 +171,12 @@ class GroupSpec:
         Make the direct channel's TCP socket TLS, with the worker's certificates.
     build_timeout : float or None
         Seconds the factories may take in all (``None``: no limit).
+    always_pass_options : bool
+        Call every env's ``reset`` with both ``seed=`` and ``options=`` (``None`` when
+        none were given), as Gymnasium's vector envs call it on ``reset()``; autoresets
+        and restarts too, so that an env whose ``options`` parameter has no default
+        never meets a reset without it. Otherwise (Stable-Baselines3's vec envs)
+        ``options=`` is passed only when there are some.
     """
 
     env_indices: tuple[int, ...]
@@ -172,6 +191,7 @@ class GroupSpec:
     autoreset: str = "SameStep"
     tls: bool = False
     build_timeout: float | None = None
+    always_pass_options: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -342,7 +342,7 @@ class Recovery:
             spawned = self.pool.spawn(layout, self.ledger, exclude=sorted(bad))
             requests: dict[Group, Any] = {}
             for g in spawned:  # restart seeds, which do not replace the user's seeds
-                requests[g] = (Command.RESET, ([seeds[i] for i in g.env_indices], [{}] * len(g.env_indices), False))
+                requests[g] = (Command.RESET, ([seeds[i] for i in g.env_indices], [None] * len(g.env_indices), False))
             replies = self.pool.call(requests, self.options.timeout)
             failed = [g for g in spawned if isinstance(replies[g], BaseException)]
             for g in spawned:

@@ -313,6 +313,7 @@ def _run(
         parts[g] = Part(g, reply, offset)
 
     with engine.fail_stop():
+        engine.settle()
         engine.pool.send(lambda g: (Command.ROLLOUT, (request.for_envs(g.env_indices),)), groups)
         outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
     return outcome
