@@ -390,6 +390,8 @@ class GroupPool:
         if self.transport == "actor" or token is None or desc.address is None:
             return ActorChannel(actor)
         timeout = min(self.options.timeout, 5.0)
+        # a group that stops reading holds a request no longer than any reply may take
+        send_timeout = max(self.options.timeout, self.options.step_timeout)
         secured_worker = _cluster.address_scheme(str(desc.worker)) not in _cluster.PLAIN_SCHEMES
         if secured_worker and not self.options.encrypted and self.transport != "direct-insecure":
             # a secured worker joined a cluster that looked plain: never plaintext to it unasked
@@ -398,11 +400,13 @@ class GroupPool:
         ssl_context = _cluster.client_ssl_context(self.client) if self.options.encrypted else None
         if ssl_context is None and desc.unix_path and desc.machine == machine_id():
             try:
-                return DirectChannel(desc.unix_path, token, connect_timeout=timeout)
+                return DirectChannel(desc.unix_path, token, connect_timeout=timeout, send_timeout=send_timeout)
             except ChannelError as e:  # e.g. a container that shares the host name, not the files
                 logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc.worker, e)
         try:
-            return DirectChannel(tuple(desc.address), token, connect_timeout=timeout, ssl_context=ssl_context)
+            return DirectChannel(
+                tuple(desc.address), token, connect_timeout=timeout, ssl_context=ssl_context, send_timeout=send_timeout
+            )
         except ChannelError as e:
             if self.transport in ("direct", "direct-insecure"):
                 raise DaskVecEnvError(

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 __all__ = [
+    "EMPTY",
     "INFO_KEY",
     "MASK_METHOD",
     "Autoreset",
@@ -247,6 +248,28 @@ class GroupDesc:
     def action_space(self) -> Any:
         """The first env's action space."""
         return self.action_spaces[0]
+
+
+class _ReadOnlyEmpty(dict[Any, Any]):
+    """An empty dict that refuses to be filled (see :data:`EMPTY`)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("daskvec internal error: the shared empty mapping of a reply is read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    setdefault = update = pop = popitem = clear = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, ()  # a copy elsewhere is an ordinary empty dict
+
+
+#: The one empty mapping that every client-side reply without entries shares, in place of
+#: fresh empty dicts (a quiet step reply has four sparse columns, all empty). Readers only
+#: read a reply's columns; filling this one raises ``TypeError`` instead of leaking into
+#: every other reply.
+EMPTY: dict[Any, Any] = _ReadOnlyEmpty()
 
 
 @dataclass(slots=True, eq=False)
@@ -589,10 +612,10 @@ class RolloutReply:
             self.rewards[t],
             self.terminated[t],
             self.truncated[t],
-            final_obs=self.final_obs.get(t, {}),
-            infos=self.infos.get(t, {}),
-            reset_infos=self.reset_infos.get(t, {}),
-            restarted=self.restarted.get(t, {}),
+            final_obs=self.final_obs.get(t, EMPTY),
+            infos=self.infos.get(t, EMPTY),
+            reset_infos=self.reset_infos.get(t, EMPTY),
+            restarted=self.restarted.get(t, EMPTY),
         )
 
 

@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")
     parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]",
-                        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16)")
+                        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16;"
+                             " groups 2,8,32,64 groups of one env)")
     parser.add_argument("--seconds", type=float, default=2.0, help="time budget of each timed window (default 2)")
     parser.add_argument("--steps", type=int, default=None, help="fixed vec-steps per timed window instead of --seconds")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up before timing (default 0.5)")

@@ -15,7 +15,7 @@ __all__ = ["BASELINE", "DEFAULT_ENVS", "LABELS", "SCENARIOS", "VEC_ENVS", "Case"
 
 
 #: Scenario names, in the order they run.
-SCENARIOS: tuple[str, ...] = ("light", "heavy", "images", "training", "gym-faces", "straggler")
+SCENARIOS: tuple[str, ...] = ("light", "heavy", "images", "training", "gym-faces", "straggler", "groups")
 #: Vec env kinds, in the order they run within a scenario.
 VEC_ENVS: tuple[str, ...] = ("dummy", "subproc", "async", "dask")
 #: The vec env every ratio is relative to.
@@ -36,6 +36,7 @@ DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "training": (8,),
     "gym-faces": (64,),  # issue 16 (daskvec.bench.gym_faces)
     "straggler": (16,),
+    "groups": (2, 8, 32, 64),  # env groups of one CartPole each (daskvec.bench.groups)
 }
 
 #: Pre-generated action batches per case; the vec envs cycle through them.
