@@ -38,7 +38,7 @@ from daskvec.cluster import dumps_by_value
 from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.pool import Group, StepOutcome
-from daskvec.protocol import Command, RolloutReply, RolloutRequest, StepReply
+from daskvec.protocol import Command, ExplorationPlan, RolloutReply, RolloutRequest, StepReply
 from daskvec.recovery import Rebuild
 
 logger = logging.getLogger(__name__)
@@ -100,11 +100,13 @@ class PolicyShipment:
         self.state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
         return self
 
-    def request(self, n_steps: int, obs_norm: dict[str, Any] | None = None) -> RolloutRequest:
-        """The request every group gets for a rollout of ``n_steps``."""
+    def request(
+        self, n_steps: int, obs_norm: dict[str, Any] | None = None, explore: ExplorationPlan | None = None
+    ) -> RolloutRequest:
+        """The request every group gets for a rollout of ``n_steps`` (off-policy: with ``explore``)."""
         if self.version < 0:
             raise RuntimeError("PolicyShipment.update(policy) must be called before request()")
-        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed)
+        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed, explore)
 
 
 @dataclass(eq=False)
@@ -248,12 +250,16 @@ class Rollout:
 
 
 # --------------------------------------------------------------------------- collecting
-def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> Collected:
+def collect_rollout(
+    engine: Engine, request: RolloutRequest, timeout: float, command: Command = Command.ROLLOUT
+) -> Collected:
     """Collect a rollout on ``engine``'s groups (see :meth:`daskvec.DaskVecEnv.collect_rollout`).
 
     Each pass is finished by :meth:`Engine.finish <daskvec.engine.Engine.finish>`: lost
     groups rebuilt, an env's error raised, moves carried out on the last pass; a lost
     fragment is recollected from its rebuilt envs for the rest of the rollout.
+    ``command`` is :attr:`Command.ROLLOUT` or, for an off-policy collection,
+    :attr:`Command.OFF_POLICY`.
     """
     started = time.perf_counter()
     n_steps = request.n_steps
@@ -262,7 +268,7 @@ def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> 
     groups = list(engine.groups)
     for attempt in range(_ATTEMPTS + 1):
         offset = 0 if attempt == 0 else 1
-        outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout)
+        outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout, command)
         if outcome.lost and attempt == _ATTEMPTS:
             lost = sorted(i for g in outcome.lost for i in g.env_indices)
             with engine.fail_stop():
@@ -279,8 +285,9 @@ def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> 
 
 
 def _run(
-    engine: Engine, groups: list[Group], request: RolloutRequest, parts: dict[Group, Part], offset: int, timeout: float
-) -> StepOutcome:
+    engine: Engine, groups: list[Group], request: RolloutRequest, parts: dict[Group, Part], offset: int,
+    timeout: float, command: Command = Command.ROLLOUT,
+) -> StepOutcome:  # fmt: skip
     """Send ``request`` to ``groups`` and collect their fragments into ``parts``.
 
     Interrupted while fragments are on their way, the engine breaks: they could not be
@@ -292,6 +299,6 @@ def _run(
         parts[g] = Part(g, reply, offset)
 
     with engine.fail_stop():
-        engine.pool.send(lambda g: (Command.ROLLOUT, (request,)), groups)
+        engine.pool.send(lambda g: (command, (request,)), groups)
         outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
     return outcome

@@ -35,7 +35,7 @@ from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
 from daskvec.pool import Group
-from daskvec.protocol import MASK_METHOD, Command, ResetReply, StepReply
+from daskvec.protocol import MASK_METHOD, Command, ExplorationPlan, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.rollout import PolicyShipment, Rollout, collect_rollout
 
@@ -312,7 +312,11 @@ class DaskVecEnv(EngineViews, VecEnv):
         engine.finish(outcome, self._sink)
         return self._buffers.result()
     def collect_rollout(
-        self, shipment: PolicyShipment, n_steps: int, obs_norm: dict[str, Any] | None = None
+        self,
+        shipment: PolicyShipment,
+        n_steps: int,
+        obs_norm: dict[str, Any] | None = None,
+        explore: ExplorationPlan | None = None,
     ) -> Rollout:
         """Run every env for ``n_steps`` on its worker with the shipped policy (issue 13).
 
@@ -333,6 +337,10 @@ class DaskVecEnv(EngineViews, VecEnv):
         obs_norm : dict, optional
             Frozen ``VecNormalize`` observation statistics (``mean``, ``var``,
             ``epsilon``, ``clip``) that the policy's inputs are normalised with.
+        explore : ExplorationPlan, optional
+            An off-policy collection (:class:`daskvec.sb3.DaskSAC` and the others): the
+            shipped policy is the learner's actor, and the actions explore as the plan
+            says (see :mod:`daskvec.worker.offpolicy` and docs/offpolicy.md).
 
         Returns
         -------
@@ -344,9 +352,12 @@ class DaskVecEnv(EngineViews, VecEnv):
             raise DaskVecEnvError("reset() the vec env before collecting a rollout")
         if int(n_steps) < 1:
             raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
+        if explore is not None and explore.n_steps != int(n_steps):
+            raise ValueError(f"an exploration plan of {explore.n_steps} steps for a collection of {n_steps}")
         engine = self._engine
-        request = shipment.request(int(n_steps), obs_norm)
-        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps)
+        request = shipment.request(int(n_steps), obs_norm, explore)
+        command = Command.ROLLOUT if explore is None else Command.OFF_POLICY
+        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps, command)
         rollout = Rollout.stitch(collected, self._buffers.obs[None], self.action_space)
         engine.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
         engine.maybe_publish()
