@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -402,6 +403,12 @@ class RolloutRequest:
         """The same request for ``by`` fewer steps (the rest of a rollout, recollected)."""
         return dataclasses.replace(self, n_steps=self.n_steps - by)
 
+    def for_envs(self, indices: Sequence[int]) -> RolloutRequest:
+        """The request a group of the envs ``indices`` is sent: its rows of the exploration plan only."""
+        if self.explore is None:
+            return self
+        return dataclasses.replace(self, explore=self.explore.rows(indices))
+
 
 @dataclass(slots=True, eq=False)
 class RolloutReply:
@@ -520,8 +527,8 @@ class ExplorationPlan:
     Everything random that Stable-Baselines3's ``OffPolicyAlgorithm.collect_rollouts``
     draws on the client (the warm-up's and epsilon-greedy's uniform actions, the
     action noise's normal draws) is drawn on the client in advance, with the same
-    calls in the same order, and travels with the request; a group takes its envs'
-    rows (:func:`daskvec.worker.offpolicy.run_off_policy`).
+    calls in the same order, and travels with the request; each group is sent its
+    envs' rows (:meth:`rows`, :func:`daskvec.worker.offpolicy.run_off_policy`).
 
     Attributes
     ----------
@@ -543,6 +550,16 @@ class ExplorationPlan:
     random_actions: dict[int, np.ndarray] = field(default_factory=dict)
     noise: np.ndarray | None = None
     ou: tuple[OUNoise, ...] | None = None
+
+    def rows(self, indices: Sequence[int]) -> ExplorationPlan:
+        """The plan of the envs ``indices`` only, in that order."""
+        idx = list(indices)
+        return ExplorationPlan(
+            self.n_steps,
+            {t: np.asarray(a)[idx] for t, a in self.random_actions.items()},
+            None if self.noise is None else self.noise[:, idx],
+            None if self.ou is None else tuple(self.ou[i] for i in idx),
+        )
 
 
 def unwrap(reply: Any) -> Any:

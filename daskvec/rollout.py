@@ -299,6 +299,6 @@ def _run(
         parts[g] = Part(g, reply, offset)
 
     with engine.fail_stop():
-        engine.pool.send(lambda g: (command, (request,)), groups)
+        engine.pool.send(lambda g: (command, (request.for_envs(g.env_indices),)), groups)
         outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
     return outcome

@@ -5,7 +5,7 @@ A :class:`~daskvec.protocol.RolloutRequest` with an
 <daskvec.protocol.Command.OFF_POLICY>`) carries the learner's actor (SAC's and TD3's
 ``policy.actor``, DQN's ``policy.q_net``: class and constructor arguments pickled once
 per version, weights with every collection) and what the learner drew at random for
-every step. :func:`run_off_policy` then does for the group's envs what
+every step, the group's rows only. :func:`run_off_policy` then does for the group's envs what
 ``OffPolicyAlgorithm._sample_action`` and ``collect_rollouts`` do on the client at
 every vec-step: the plan's random action where it has one, otherwise the actor's
 ``predict(obs, deterministic=False)``; for a Box space the action scaled to [-1, 1],
@@ -78,9 +78,9 @@ def _seed(group: EnvGroup, seed: int | None) -> None:
 class _Noise:
     """The plan's action noise for one group's envs, step by step."""
 
-    def __init__(self, plan: ExplorationPlan, rows: list[int], first: int) -> None:
-        self.draws = None if plan.noise is None else plan.noise[:, rows]
-        self.ou = None if plan.ou is None else [plan.ou[i] for i in rows]
+    def __init__(self, plan: ExplorationPlan, first: int) -> None:
+        self.draws = plan.noise
+        self.ou = None if plan.ou is None else list(plan.ou)
         self.state: list[np.ndarray] = []
         if self.ou is not None:
             # a fragment recollected from step ``first`` > 0 runs envs rebuilt after their
@@ -137,14 +137,16 @@ def run_off_policy(group: EnvGroup, request: RolloutRequest) -> RolloutReply:
         raise RuntimeError("the env group was never reset; call reset() on the vec env before collecting")
     if not 1 <= request.n_steps <= plan.n_steps:
         raise ValueError(f"an off-policy collection of {request.n_steps} steps from a plan of {plan.n_steps}")
+    n = len(group.envs)
+    if any(len(a) != n for a in plan.random_actions.values()) or (plan.noise is not None and plan.noise.shape[1] != n):
+        raise ValueError(f"an exploration plan of other envs than the group's {n} (RolloutRequest.for_envs)")
     actor = _policy(group, request)
     _seed(group, request.seed)
-    rows = list(group.env_indices)
     box = isinstance(group.envs[0].action_space, gym.spaces.Box)
     first = plan.n_steps - request.n_steps
-    noise = _Noise(plan, rows, first)
+    noise = _Noise(plan, first)
     frag = _Fragment(group.last_obs)
-    zeros = np.zeros(len(rows), dtype=np.float32)
+    zeros = np.zeros(n, dtype=np.float32)
     norm = request.obs_norm
     for t in range(first, plan.n_steps):
         t0 = time.perf_counter()
@@ -152,7 +154,7 @@ def run_off_policy(group: EnvGroup, request: RolloutRequest) -> RolloutReply:
         if random is None:
             unscaled, _ = actor.predict(normalize_obs(frag.obs[-1], norm), deterministic=False)
         else:
-            unscaled = np.asarray(random)[rows]
+            unscaled = np.asarray(random)
         actions, buffer_actions = explore_actions(actor, unscaled, noise.at(t), box)
         frag.reply.policy_seconds += time.perf_counter() - t0
         step = group.step(actions)
