@@ -197,6 +197,7 @@ def assert_same_run(got: Any, want: Any, got_cb: Recorder, want_cb: Recorder) ->
     assert_same_replay_buffers(got, want)
     assert got.num_timesteps == want.num_timesteps
     assert got._episode_num == want._episode_num > 0
+    assert getattr(got, "_n_calls", None) == getattr(want, "_n_calls", None)  # DQN's _on_step count
     assert [(e["r"], e["l"]) for e in got.ep_info_buffer] == [(e["r"], e["l"]) for e in want.ep_info_buffer]
     assert len(got.ep_info_buffer) > 0
 
