@@ -33,7 +33,9 @@ __all__ = [
     "MASK_METHOD",
     "Autoreset",
     "Command",
+    "ExplorationPlan",
     "GroupDesc",
+    "OUNoise",
     "GroupSpec",
     "PerEnv",
     "RemoteError",
@@ -84,6 +86,8 @@ class Command(enum.StrEnum):
     SET_WRAPPER_ATTR = "set_wrapper_attr"  # (name, values, positions) -> None: one value per position
     # issue 13: worker-side rollouts
     ROLLOUT = "rollout"  # (RolloutRequest,) -> RolloutReply
+    # off-policy collections (DaskSAC, DaskTD3, DaskDQN): a rollout whose actions explore as planned
+    OFF_POLICY = "off_policy"  # (RolloutRequest with an ExplorationPlan,) -> RolloutReply
 
 
 class Autoreset(enum.StrEnum):
@@ -431,6 +435,10 @@ class RolloutRequest:
         What the VecEnv wrappers between the envs and the policy do to the
         observations (frame stacks, transpositions), with their state; ``None``: the
         policy sees the envs' observations (normalised with ``obs_norm``).
+    explore : ExplorationPlan or None
+        For an off-policy collection (:attr:`Command.OFF_POLICY`): the random actions
+        and action noise of every step, decided on the client; ``policy`` is then the
+        learner's actor (or Q-network).
     """
 
     version: int
@@ -440,6 +448,7 @@ class RolloutRequest:
     obs_norm: dict[str, Any] | None = None
     seed: int | None = None
     obs_pipeline: ObsPipeline | None = None
+    explore: ExplorationPlan | None = None
 
     def shorter(self, by: int) -> RolloutRequest:
         """The same request for ``by`` fewer steps (the rest of a rollout, recollected).
@@ -451,10 +460,14 @@ class RolloutRequest:
         return dataclasses.replace(self, n_steps=self.n_steps - by, obs_pipeline=pipeline)
 
     def for_envs(self, env_indices: Sequence[int]) -> RolloutRequest:
-        """The request for the group holding ``env_indices``: its rows of the pipeline's state."""
-        if self.obs_pipeline is None:
+        """The request for the group holding ``env_indices``: its rows of the pipeline's state and exploration plan."""
+        if self.obs_pipeline is None and self.explore is None:
             return self
-        return dataclasses.replace(self, obs_pipeline=self.obs_pipeline.rows(env_indices))
+        return dataclasses.replace(
+            self,
+            obs_pipeline=None if self.obs_pipeline is None else self.obs_pipeline.rows(env_indices),
+            explore=None if self.explore is None else self.explore.rows(env_indices),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,6 +629,88 @@ class RolloutReply:
             infos=self.infos.get(t, EMPTY),
             reset_infos=self.reset_infos.get(t, EMPTY),
             restarted=self.restarted.get(t, EMPTY),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OUNoise:
+    """One env's Ornstein-Uhlenbeck action noise, as Stable-Baselines3's ``OrnsteinUhlenbeckActionNoise`` holds it.
+
+    Attributes
+    ----------
+    theta, dt : float
+        Rate of mean reversion and time step.
+    mu, sigma : numpy.ndarray
+        Mean and scale, shaped as one action.
+    initial : numpy.ndarray or None
+        The state a reset returns to (``None``: zeros).
+    prev : numpy.ndarray
+        The state at the start of the collection.
+    dtype : numpy.dtype
+        The noise values' type.
+    """
+
+    theta: float
+    mu: np.ndarray
+    sigma: np.ndarray
+    dt: float
+    initial: np.ndarray | None
+    prev: np.ndarray
+    dtype: Any
+
+    def next(self, prev: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``(state, noise value)`` from state ``prev`` and standard normal draws ``z``.
+
+        The same operations in the same order as SB3's ``__call__``, so that client and
+        worker get the same bits.
+        """
+        noise = prev + self.theta * (self.mu - prev) * self.dt + self.sigma * np.sqrt(self.dt) * z
+        return noise, noise.astype(self.dtype)
+
+    def reset_state(self) -> np.ndarray:
+        """The state after an episode's end (SB3's ``reset``)."""
+        return self.initial if self.initial is not None else np.zeros_like(self.mu)
+
+
+@dataclass(slots=True, eq=False)
+class ExplorationPlan:
+    """How an off-policy learner explores during one collection of ``n_steps`` vec-steps.
+
+    Everything random that Stable-Baselines3's ``OffPolicyAlgorithm.collect_rollouts``
+    draws on the client (the warm-up's and epsilon-greedy's uniform actions, the
+    action noise's normal draws) is drawn on the client in advance, with the same
+    calls in the same order, and travels with the request; each group is sent its
+    envs' rows (:meth:`rows`, :func:`daskvec.worker.offpolicy.run_off_policy`).
+
+    Attributes
+    ----------
+    n_steps : int
+        Vec-steps of the whole collection (a recollected fragment runs the last ones).
+    random_actions : dict of int to numpy.ndarray
+        By step: every env's action, in the action space's own scale, for the steps
+        taken at random (before ``learning_starts``, or when DQN's epsilon draw says so);
+        the policy acts at the other steps.
+    noise : numpy.ndarray or None
+        ``(n_steps, n_envs, *action shape)``: the Gaussian noise values, or, with
+        :attr:`ou`, the standard normal draws of the Ornstein-Uhlenbeck process;
+        ``None``: no action noise.
+    ou : tuple of OUNoise or None
+        One per env when the noise is Ornstein-Uhlenbeck.
+    """
+
+    n_steps: int
+    random_actions: dict[int, np.ndarray] = field(default_factory=dict)
+    noise: np.ndarray | None = None
+    ou: tuple[OUNoise, ...] | None = None
+
+    def rows(self, indices: Sequence[int]) -> ExplorationPlan:
+        """The plan of the envs ``indices`` only, in that order."""
+        idx = list(indices)
+        return ExplorationPlan(
+            self.n_steps,
+            {t: np.asarray(a)[idx] for t, a in self.random_actions.items()},
+            None if self.noise is None else self.noise[:, idx],
+            None if self.ou is None else tuple(self.ou[i] for i in idx),
         )
 
 

@@ -40,11 +40,11 @@ def _float_list(value: str) -> list[float]:
 
 
 #: Scenarios that run on their own, outside ``all`` (issue 13).
-OWN_RUN = ("hosts", "learning")
+OWN_RUN = ("hosts", "learning", "learning-offpolicy")
 
 
 def _run_own(args: argparse.Namespace) -> int:
-    """Run the ``hosts`` and/or ``learning`` scenarios; print their tables."""
+    """Run the ``hosts``, ``learning`` and/or ``learning-offpolicy`` scenarios; print their tables."""
     from pathlib import Path
 
     if "hosts" in args.scenario:
@@ -66,6 +66,13 @@ def _run_own(args: argparse.Namespace) -> int:
         res = run_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
         print(format_learning_table(res))
         print(f"json: {out}")
+    if "learning-offpolicy" in args.scenario:
+        from daskvec.bench.offpolicy_learning import format_offpolicy_table, run_offpolicy_learning_check
+
+        out = Path(args.out) / "offpolicy-learning-check.json"
+        off = run_offpolicy_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
+        print(format_offpolicy_table(off))
+        print(f"json: {out}")
     return 0
 
 
@@ -79,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     parser.add_argument("--scenario", nargs="+", default=["all"], choices=[*SCENARIOS, "all", "none", *OWN_RUN],
                         help="scenarios to run (default: all); 'none' with --dashboard runs only that; "
-                             "'hosts' (emulated hosts, needs root) and 'learning' run on their own")
+                             "'hosts' (emulated hosts, needs root), 'learning' and 'learning-offpolicy' run on "
+                             "their own")
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")
     parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]",

@@ -58,6 +58,7 @@ from daskvec.worker.envs import (
     stack_obs,
     wrapper_attr,
 )
+from daskvec.worker.offpolicy import run_off_policy
 from daskvec.worker.reaper import Release
 from daskvec.worker.rollout import run_rollout
 
@@ -189,6 +190,7 @@ class EnvGroup:
             Command.CALL: self._call,
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
             Command.ROLLOUT: self.rollout,  # issue 13
+            Command.OFF_POLICY: self.off_policy,
         }
         self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
 
@@ -396,6 +398,10 @@ class EnvGroup:
     def rollout(self, request: RolloutRequest) -> RolloutReply:
         """Run the envs for a whole rollout with the shipped policy (see :mod:`daskvec.worker.rollout`)."""
         return run_rollout(self, request)
+
+    def off_policy(self, request: RolloutRequest) -> RolloutReply:
+        """Run the envs for an off-policy collection with the shipped actor (see :mod:`daskvec.worker.offpolicy`)."""
+        return run_off_policy(self, request)
 
     def step(self, actions: Any) -> StepReply:
         """Step every env with its action; an episode's end is handled as ``autoreset`` says."""
