@@ -143,6 +143,10 @@ def resolve_client(
             ) from e
         return ResolvedClient(c, own_client=True)
     if hasattr(client, "scheduler_address"):
+        if type(client).__module__.startswith("dask_jobqueue"):
+            from daskvec.jobqueue import keep_ctrl_c
+
+            keep_ctrl_c()  # importing dask_jobqueue turned Ctrl-C into sys.exit()
         c = Client(client, direct_to_workers=True)
         return ResolvedClient(c, own_client=True, cluster=client)
     raise TypeError(
