@@ -68,7 +68,7 @@ class ResolvedClient:
                 self.client.close(timeout=timeout)
         if self.own_cluster and self.cluster is not None:
             with contextlib.suppress(Exception):
-                # the embedded cluster's nannies give each worker WORKER_EXIT_S to exit before killing it
+                # the embedded cluster's nannies give each worker 0.8 * WORKER_EXIT_S to exit before killing it
                 patience = WORKER_EXIT_S if isinstance(self.cluster, EmbeddedCluster) else 0.0
                 self.cluster.close(timeout=timeout + patience)
 
