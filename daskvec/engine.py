@@ -154,8 +154,10 @@ class Engine:
         self.closed = False
         self.broken: BaseException | None = None
         self._batch: _Batch | None = None
+        # a factory that cannot travel is known now, before a cluster starts or is asked anything
+        _cluster.dumps_factories(self.env_fns, range(self.n_envs))
         self.resolved = _cluster.resolve_client(
-            client, connect_timeout=min(options.timeout, 30.0), cluster_kwargs=cluster_kwargs
+            client, connect_timeout=min(options.connect_timeout, options.timeout), cluster_kwargs=cluster_kwargs
         )
         self.client = self.resolved.client
         _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone

@@ -21,6 +21,7 @@ __all__ = [
     "EnvBuildError",
     "EnvBuildTimeoutError",
     "EnvRestartBudgetExceeded",
+    "MissingMainGuardError",
     "NoAsyncCallError",
     "RemoteEnvError",
     "SchedulerLostError",
@@ -190,4 +191,14 @@ class EnvBuildTimeoutError(EnvBuildError):
 
     The thread (or env process) running the factory is abandoned (killed), so that the
     worker stays free for other work.
+    """
+
+
+class MissingMainGuardError(DaskVecEnvError):
+    """An embedded cluster was about to start from code that every worker process would run again.
+
+    Dask starts the embedded cluster's worker processes with multiprocessing's
+    ``spawn``, which imports the main script again in each of them; code at the top
+    level of that script, outside ``if __name__ == "__main__":``, would then try to
+    start a cluster in every worker. Raised before any process is started.
     """

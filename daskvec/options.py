@@ -93,6 +93,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "env_process": _flag,
     "busy_poll": lambda name, value: None if value is None else check_busy_poll(value, name),
     "timeout": _seconds,
+    "connect_timeout": _seconds,
     "step_timeout": lambda name, value: None if value is None else _seconds(name, value),
     "on_worker_lost": lambda name, value: _choice(name, value, ON_WORKER_LOST),
     "on_env_error": lambda name, value: _choice(name, value, ON_ENV_ERROR),
@@ -122,6 +123,7 @@ class Options:
     env_process: bool = False
     busy_poll: float | None = None
     timeout: float = 300.0
+    connect_timeout: float = 5.0
     step_timeout: float = 60.0
     on_worker_lost: str = "restart"
     on_env_error: str = "raise"

@@ -417,17 +417,34 @@ class GroupPool:
             return ActorChannel(actor)
 
     def _warn_profiler(self, desc: GroupDesc) -> None:
-        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``)."""
+        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``).
+
+        The warning ends with the one line that turns the profiler off where these
+        workers get their config: before a ``LocalCluster`` of this process is created,
+        or in the environment of ``dask worker``.
+        """
         worker = desc.worker
         if not desc.profiler_hazard or worker in self._profiler_warned:
             return
         self._profiler_warned.add(worker)
+        from distributed import LocalCluster
+
+        if isinstance(getattr(self.client, "cluster", None), LocalCluster):
+            fix = (
+                'add `dask.config.set({"distributed.worker.profile.enabled": False})` before creating '
+                "the LocalCluster (its workers start with this process's Dask config)"
+            )
+        else:
+            fix = (
+                "start the workers with DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False in their environment "
+                "(`DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker ...`, or "
+                "distributed.worker.profile.enabled: false in their Dask config)"
+            )
         logger.warning(
-            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can "
-            "deadlock a worker while env groups start their threads (python/cpython#106883); "
-            "start the workers with the config distributed.worker.profile.enabled: false "
-            "(env var DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False) or use Python 3.12+",
+            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can deadlock a worker "
+            "while env groups start their threads (python/cpython#106883); %s, or use Python 3.12+",
             worker,
+            fix,
         )
 
     # ------------------------------------------------------------------ release

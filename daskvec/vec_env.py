@@ -98,7 +98,7 @@ class DaskVecEnv(EngineViews, VecEnv):
         it did not create.
     envs_per_actor : int, optional
         Envs per actor. Default: one actor per eligible worker, envs spread evenly.
-        This option and those from ``transport`` to ``rebalance_interval`` default to
+        This option and those from ``transport`` to ``cache_action_masks`` default to
         ``None``: Dask's config ``daskvec.<name>`` (docs/configuration.md; its default here).
     workers : list of str, optional
         Addresses or names of the workers that may hold envs.
@@ -130,6 +130,9 @@ class DaskVecEnv(EngineViews, VecEnv):
         given, each worker reads its own ``daskvec.busy-poll``.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
+    connect_timeout : float
+        Seconds a scheduler address given as ``client`` may take to answer (default 5,
+        at most ``timeout``); then a ``ValueError`` names the address.
     step_timeout : float, optional
         Seconds a step may take before its envs are treated as hung and rebuilt
         elsewhere (default 60: a frozen worker stalls the run at most that long;
@@ -205,6 +208,7 @@ class DaskVecEnv(EngineViews, VecEnv):
         env_process: bool | None = None,
         busy_poll: float | None = None,
         timeout: float | None = None,
+        connect_timeout: float | None = None,
         step_timeout: float | None = None,
         on_worker_lost: str | None = None,
         on_env_error: str | None = None,
