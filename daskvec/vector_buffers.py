@@ -162,9 +162,7 @@ class VectorBuffers:
         Whether the envs were reset once.
     """
 
-    def __init__(
-        self, observation_space: gym.Space[Any], n_envs: int, autoreset: Autoreset, copy: bool = True
-    ) -> None:
+    def __init__(self, observation_space: gym.Space[Any], n_envs: int, autoreset: Autoreset, copy: bool = True) -> None:
         self.observation_space = observation_space
         self.autoreset = autoreset
         self.copy = copy

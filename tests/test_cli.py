@@ -24,12 +24,14 @@ SMALL_PPO = ["--hyperparams", "n_steps=64", "batch_size=64", "n_epochs=2"]
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "daskvec.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "daskvec.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
-def run_cli_fetching_page(args: list[str], cwd: Path,
-                          timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+def run_cli_fetching_page(
+    args: list[str], cwd: Path, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
     """Run the CLI; while it runs, GET the daskvec page it prints. Returns the run and ``{url: status}``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "daskvec.cli", *args]
@@ -68,23 +70,27 @@ def untrained_return(seed: int, episodes: int = 3) -> float:
     try:
         model = PPO("MlpPolicy", eval_env, device="cpu", seed=seed)
         eval_env.reset(seed=seed + 10_000)  # as the CLI does
-        rewards, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
-                                     return_episode_rewards=True)
+        rewards, _ = evaluate_policy(
+            model, eval_env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+        )
     finally:
         eval_env.close()
     return float(sum(rewards)) / episodes
 
 
-def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_envs: int,
-                       seed: int) -> dict[str, Any]:
+def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_envs: int, seed: int) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     m = re.search(r"^daskvec: (\d+) x CartPole-v1 in (\d+) actors on (\d+) workers", out, re.M)
     assert m and int(m.group(1)) == n_envs, out
     dash = re.search(r"^Dask dashboard: (http://\S+)$", out, re.M)
     assert dash, out
-    rate = re.search(r"^trained PPO for (\d+) env steps in [\d.]+ s: (\d+) env-steps/s overall; "
-                     r"stepping the envs: (\d+) env-steps/s \((\d+)% of the run\)$", out, re.M)
+    rate = re.search(
+        r"^trained PPO for (\d+) env steps in [\d.]+ s: (\d+) env-steps/s overall; "
+        r"stepping the envs: (\d+) env-steps/s \((\d+)% of the run\)$",
+        out,
+        re.M,
+    )
     assert rate and int(rate.group(1)) >= 2000 and int(rate.group(2)) > 0, out
     # the envs step faster than the whole run, which also trains the policy
     assert int(rate.group(3)) > int(rate.group(2)) and 0 < int(rate.group(4)) < 100, out
@@ -139,9 +145,30 @@ def test_train_on_embedded_cluster(tmp_path: Path) -> None:
 def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
     procs = dask_processes(2)
     model = tmp_path / "model.zip"
-    proc = run_cli(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--envs-per-actor", "1",
-                    "--scheduler", procs.address, "--seed", "2", "--eval-episodes", "3", "--save", str(model),
-                    "--verbose", "--no-progress", *SMALL_PPO], tmp_path)
+    proc = run_cli(
+        [
+            "train",
+            "CartPole-v1",
+            "--timesteps",
+            "2000",
+            "--n-envs",
+            "4",
+            "--envs-per-actor",
+            "1",
+            "--scheduler",
+            procs.address,
+            "--seed",
+            "2",
+            "--eval-episodes",
+            "3",
+            "--save",
+            str(model),
+            "--verbose",
+            "--no-progress",
+            *SMALL_PPO,
+        ],
+        tmp_path,
+    )
     facts = check_train_output(proc, model, n_envs=4, seed=2)
     assert facts["actors"] == 4 and facts["workers"] == 2
     # a standalone scheduler without --preload daskvec.dashboard: its /status is linked, and the
@@ -161,24 +188,67 @@ def test_train_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_path:
     """With the output in a file (or a pipe, as here) there is no progress bar: a line every interval instead."""
     out_file = tmp_path / "train.log"
     with out_file.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "daskvec.cli", "train", "CartPole-v1", "--timesteps", "3000",
-                               "--n-envs", "2", "--eval-episodes", "0", "--progress-interval", "0.5", *SMALL_PPO],
-                              cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out,
-                              stderr=subprocess.PIPE, text=True, timeout=240)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "daskvec.cli",
+                "train",
+                "CartPole-v1",
+                "--timesteps",
+                "3000",
+                "--n-envs",
+                "2",
+                "--eval-episodes",
+                "0",
+                "--progress-interval",
+                "0.5",
+                *SMALL_PPO,
+            ],
+            cwd=tmp_path,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=240,
+        )
     text = out_file.read_text()
     assert proc.returncode == 0, text + proc.stderr
-    progress = re.findall(r"^progress: (\d+)/3000 env steps \((\d+)%\), (\d+) env-steps/s overall, "
-                          r"(\d+) env-steps/s stepping the envs, ETA (\d+) s$", text, re.M)
+    progress = re.findall(
+        r"^progress: (\d+)/3000 env steps \((\d+)%\), (\d+) env-steps/s overall, "
+        r"(\d+) env-steps/s stepping the envs, ETA (\d+) s$",
+        text,
+        re.M,
+    )
     assert progress, text
     done = [int(p[0]) for p in progress]
     assert done == sorted(done) and all(0 < d <= 3072 for d in done), text
     assert all(int(p[3]) > 0 for p in progress), text
     assert "━" not in text and "it/s" not in text, text  # no progress bar in a file
-    assert re.search(r"^trained PPO for \d+ env steps in [\d.]+ s: \d+ env-steps/s overall; stepping the envs: "
-                     r"\d+ env-steps/s \(\d+% of the run\)$", text, re.M), text
+    assert re.search(
+        r"^trained PPO for \d+ env steps in [\d.]+ s: \d+ env-steps/s overall; stepping the envs: "
+        r"\d+ env-steps/s \(\d+% of the run\)$",
+        text,
+        re.M,
+    ), text
     # --no-progress: neither the bar nor the lines
-    proc = run_cli(["train", "CartPole-v1", "--timesteps", "256", "--n-envs", "2", "--eval-episodes", "0",
-                    "--progress-interval", "0.01", "--no-progress", *SMALL_PPO], tmp_path)
+    proc = run_cli(
+        [
+            "train",
+            "CartPole-v1",
+            "--timesteps",
+            "256",
+            "--n-envs",
+            "2",
+            "--eval-episodes",
+            "0",
+            "--progress-interval",
+            "0.01",
+            "--no-progress",
+            *SMALL_PPO,
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0 and "progress:" not in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -188,16 +258,27 @@ def test_unreachable_scheduler_fails_cleanly(capsys: pytest.CaptureFixture[str],
     with socket.socket() as s:  # bound, never listening: connections to it are refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        code = cli.main(["train", "CartPole-v1", "--scheduler", f"tcp://127.0.0.1:{port}", "--timeout", "3",
-                         "--no-progress"])
+        code = cli.main(
+            ["train", "CartPole-v1", "--scheduler", f"tcp://127.0.0.1:{port}", "--timeout", "3", "--no-progress"]
+        )
     assert code == 1
     assert "cannot reach a Dask scheduler" in capsys.readouterr().err
 
 
 def test_parser(restore_daskvec_logger: Any) -> None:
     args = cli.build_parser().parse_args(
-        ["train", "Pendulum-v1", "--algo", "sac", "--n-envs", "2", "--hyperparams", "learning_rate=1e-3",
-         "policy_kwargs={'net_arch':[8]}", "train_freq=4"]
+        [
+            "train",
+            "Pendulum-v1",
+            "--algo",
+            "sac",
+            "--n-envs",
+            "2",
+            "--hyperparams",
+            "learning_rate=1e-3",
+            "policy_kwargs={'net_arch':[8]}",
+            "train_freq=4",
+        ]
     )
     assert args.env_id == "Pendulum-v1" and args.algo == "sac" and args.n_envs == 2
     assert dict(args.hyperparams) == {"learning_rate": 1e-3, "policy_kwargs": {"net_arch": [8]}, "train_freq": 4}

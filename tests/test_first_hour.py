@@ -54,13 +54,21 @@ class Run:
         return self.output.splitlines()
 
 
-def run_script(tmp_path: Path, source: str, *, timeout: float = 240, name: str = "script.py",
-               env: dict[str, str] | None = None) -> Run:
+def run_script(
+    tmp_path: Path, source: str, *, timeout: float = 240, name: str = "script.py", env: dict[str, str] | None = None
+) -> Run:
     script = tmp_path / name
     script.write_text(textwrap.dedent(source))
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env or user_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env or user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     return Run(proc.returncode, proc.stdout, time.monotonic() - start)
 
 
@@ -68,12 +76,15 @@ def run_script(tmp_path: Path, source: str, *, timeout: float = 240, name: str =
 @pytest.mark.timeout(300)
 def test_a_script_without_the_main_guard_gets_one_error_before_anything_starts(tmp_path: Path) -> None:
     """Before: after 4-100 s, ~500 lines of RuntimeErrors about bootstrapping from every worker."""
-    run = run_script(tmp_path, """\
+    run = run_script(
+        tmp_path,
+        """\
         import daskvec
 
         envs = daskvec.make_vec("CartPole-v1", num_envs=2)
         envs.close()
-    """)
+    """,
+    )
     assert run.returncode != 0
     errors = [line for line in run.lines if line.startswith("daskvec.errors.MissingMainGuardError: ")]
     assert len(errors) == 1, run.output
@@ -85,7 +96,9 @@ def test_a_script_without_the_main_guard_gets_one_error_before_anything_starts(t
 
 @pytest.mark.timeout(300)
 def test_the_same_script_with_the_guard_runs(tmp_path: Path) -> None:
-    run = run_script(tmp_path, """\
+    run = run_script(
+        tmp_path,
+        """\
         import daskvec
 
 
@@ -98,7 +111,8 @@ def test_the_same_script_with_the_guard_runs(tmp_path: Path) -> None:
 
         if __name__ == "__main__":
             main()
-    """)
+    """,
+    )
     assert run.returncode == 0, run.output
     assert "stepped (2, 4)" in run.output
     assert "MissingMainGuardError" not in run.output
@@ -108,7 +122,9 @@ def test_the_same_script_with_the_guard_runs(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_an_unpicklable_factory_is_reported_before_a_cluster_starts(tmp_path: Path) -> None:
     """Before: the embedded cluster started first (~60 s on a busy machine), then the error."""
-    run = run_script(tmp_path, """\
+    run = run_script(
+        tmp_path,
+        """\
         import threading
         import time
 
@@ -137,7 +153,8 @@ def test_an_unpicklable_factory_is_reported_before_a_cluster_starts(tmp_path: Pa
             except TypeError as e:
                 print(f"TypeError after {time.monotonic() - start:.1f} s: {e}")
             print(f"clusters started: {started}")
-    """)
+    """,
+    )
     assert run.returncode == 0, run.output
     assert re.search(r"TypeError after [\d.]+ s: env_fns\[1\] cannot be pickled", run.output), run.output
     assert "clusters started: []" in run.output, run.output
@@ -186,7 +203,9 @@ def test_a_failing_factory_gives_its_error_without_dasks_compute_failed_block(tm
     Before: Dask's "Compute Failed" block, "Async instruction ... ended with
     CancelledError" for the other group, and a nanny warning on close.
     """
-    run = run_script(tmp_path, """\
+    run = run_script(
+        tmp_path,
+        """\
         import time
 
         import gymnasium as gym
@@ -209,7 +228,8 @@ def test_a_failing_factory_gives_its_error_without_dasks_compute_failed_block(tm
             except RuntimeError as e:
                 print(f"caught {type(e).__name__}: {e}")
                 print("notes:", " | ".join(getattr(e, "__notes__", [])).replace(chr(10), " "))
-    """)
+    """,
+    )
     assert run.returncode == 0, run.output
     assert "caught RuntimeError: no licence for this simulator" in run.output, run.output
     assert "daskvec: while building envs" in run.output  # the envs it concerns, added by daskvec
@@ -225,7 +245,9 @@ def test_closing_the_embedded_cluster_prints_no_nanny_warning(tmp_path: Path) ->
 
     Before: "Worker process still alive after 4.0 seconds, killing", once per worker.
     """
-    run = run_script(tmp_path, """\
+    run = run_script(
+        tmp_path,
+        """\
         import atexit
         import time
 
@@ -247,7 +269,8 @@ def test_closing_the_embedded_cluster_prints_no_nanny_warning(tmp_path: Path) ->
             start = time.monotonic()
             env.close()
             print(f"closed in {time.monotonic() - start:.1f} s", flush=True)
-    """)
+    """,
+    )
     assert run.returncode == 0, run.output
     assert "closed in" in run.output
     assert "still alive" not in run.output and "killed by signal" not in run.output, run.output
@@ -272,7 +295,8 @@ def test_ctrl_c_is_one_keyboard_interrupt_in_the_users_process(tmp_path: Path) -
     embedded worker.
     """
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         import daskvec
 
         if __name__ == "__main__":
@@ -281,9 +305,17 @@ def test_ctrl_c_is_one_keyboard_interrupt_in_the_users_process(tmp_path: Path) -
             print("stepping", flush=True)
             while True:
                 envs.step(envs.action_space.sample())
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    """)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     gone = False
     try:
@@ -316,7 +348,9 @@ def test_a_closed_dashboard_tab_prints_nothing_from_the_embedded_cluster(tmp_pat
     Before: Tornado's 20-line "Uncaught exception GET /daskvec/ws ... AssertionError".
     The same record of another server (not the embedded cluster's) is still logged.
     """
-    run = run_script(tmp_path, """\
+    run = run_script(
+        tmp_path,
+        """\
         import asyncio
         import gc
         import logging
@@ -359,7 +393,8 @@ def test_a_closed_dashboard_tab_prints_nothing_from_the_embedded_cluster(tmp_pat
                     "Uncaught exception %s\\n%r", "GET /other/ws (127.0.0.1)", Request(), exc_info=True)
             envs.close()
             print("filters left:", logging.getLogger("tornado.application").filters)
-    """)
+    """,
+    )
     assert run.returncode == 0, run.output
     assert "Uncaught exception GET /daskvec/ws" not in run.output, run.output
     assert "Uncaught exception GET /status/ws" not in run.output, run.output
@@ -416,9 +451,26 @@ def readme_cluster(tmp_path: Path) -> Iterator[str]:
     scheduler_cmd, worker_env, worker_cmd = readme_cluster_commands()
     dask = [sys.executable, "-m", "dask"]  # `dask ...` of this venv
     sched_file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([*dask, *scheduler_cmd[1:], "--host", "127.0.0.1", "--port", "0",
-                               "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
-                              cwd=tmp_path, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [
+                *dask,
+                *scheduler_cmd[1:],
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            cwd=tmp_path,
+            env=user_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
         deadline = time.monotonic() + 120
         while not (sched_file.exists() and sched_file.read_text().strip()):
@@ -427,8 +479,11 @@ def readme_cluster(tmp_path: Path) -> Iterator[str]:
         address = json.loads(sched_file.read_text())["address"]
         argv = [*dask, *[address if a == "tcp://head:8786" else a for a in worker_cmd[1:]]]
         for _ in range(2):
-            procs.append(subprocess.Popen(argv, cwd=tmp_path, env=user_env(**worker_env), stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    argv, cwd=tmp_path, env=user_env(**worker_env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
         yield address
     finally:
         for p in procs[::-1]:
@@ -445,7 +500,9 @@ def readme_cluster(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.timeout(300)
 def test_the_readmes_cluster_commands_start_workers_without_the_profiler(tmp_path: Path, readme_cluster: str) -> None:
     """Before: ``dask worker ... --nthreads 1`` ran Dask's profiler, and DaskVecEnv warned once per worker."""
-    run = run_script(tmp_path, f"""\
+    run = run_script(
+        tmp_path,
+        f"""\
         import gymnasium as gym
         from distributed import Client
 
@@ -457,7 +514,8 @@ def test_the_readmes_cluster_commands_start_workers_without_the_profiler(tmp_pat
             env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2, client="{readme_cluster}")
             print("workers:", len({{g["worker"] for g in env.groups}}))
             env.close()
-    """)
+    """,
+    )
     assert run.returncode == 0 and "workers: 2" in run.output, run.output
     assert PROFILER_WARNING not in run.output, run.output
 
@@ -479,16 +537,26 @@ def test_ctrl_c_stays_a_keyboard_interrupt_after_importing_dask_jobqueue(tmp_pat
                 return "SystemExit"
     """
     # the README's order: dask_jobqueue first, then daskvec.jobqueue
-    run = run_script(tmp_path, "import os, signal, time\n" + textwrap.dedent(interrupt) + textwrap.dedent("""
+    run = run_script(
+        tmp_path,
+        "import os, signal, time\n"
+        + textwrap.dedent(interrupt)
+        + textwrap.dedent("""
         from dask_jobqueue import SLURMCluster
         print("after import dask_jobqueue:", interrupted())
         from daskvec.jobqueue import cluster_for_envs
         print("after import daskvec.jobqueue:", interrupted())
-    """), name="first.py")
+    """),
+        name="first.py",
+    )
     assert "after import dask_jobqueue: SystemExit" in run.output, run.output  # what dask_jobqueue does
     assert "after import daskvec.jobqueue: KeyboardInterrupt" in run.output, run.output
     # daskvec.jobqueue first, then dask_jobqueue: cluster_for_envs puts back the handler that was there
-    run = run_script(tmp_path, "import os, signal, time\n" + textwrap.dedent(interrupt) + textwrap.dedent("""
+    run = run_script(
+        tmp_path,
+        "import os, signal, time\n"
+        + textwrap.dedent(interrupt)
+        + textwrap.dedent("""
         signal.signal(signal.SIGINT, lambda *_: print("the script's own handler", flush=True))
         from daskvec.jobqueue import cluster_for_envs
         from dask_jobqueue.local import LocalCluster
@@ -501,7 +569,9 @@ def test_ctrl_c_stays_a_keyboard_interrupt_after_importing_dask_jobqueue(tmp_pat
             cluster.close()
             signal.signal(signal.SIGINT, signal.default_int_handler)
             print("finally:", interrupted())
-    """), name="second.py")
+    """),
+        name="second.py",
+    )
     assert "the script's own handler" in run.output, run.output
     assert "finally: KeyboardInterrupt" in run.output, run.output
 
@@ -523,4 +593,3 @@ def test_progress_lines_are_plain_text() -> None:
     assert progress.line(400, now[0]) == (
         "progress: 400/1000 env steps (40%), 40 env-steps/s overall, 2000 env-steps/s stepping the envs, ETA 15 s"
     )
-

@@ -52,9 +52,12 @@ def warnings_in(text: str) -> list[str]:
     than 4 s to exit when the cluster is closed: a matter of the machine's load, which
     daskvec changes only for its embedded cluster (see the README's "Troubleshooting").
     """
-    return [line for line in text.splitlines()
-            if ("Warning" in line or " WARNING " in line or "python/cpython#106883" in line)
-            and "Worker process still alive after 4.0 seconds, killing" not in line]
+    return [
+        line
+        for line in text.splitlines()
+        if ("Warning" in line or " WARNING " in line or "python/cpython#106883" in line)
+        and "Worker process still alive after 4.0 seconds, killing" not in line
+    ]
 
 
 def images_in(nb: Any) -> int:
@@ -72,8 +75,9 @@ def test_notebooks_are_stripped(path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    nb = run_notebook("quickstart.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, ppo_n_steps=256,
-                      bench_steps=60, workers=2)
+    nb = run_notebook(
+        "quickstart.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, ppo_n_steps=256, bench_steps=60, workers=2
+    )
     text = text_of(nb)
     assert "Dask dashboard: http" in text
     assert "daskvec page: http" in text and "/daskvec" in text  # checked with the scheduler
@@ -105,8 +109,7 @@ def test_hpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reason = slurm_skip_reason()
     if reason:
         pytest.skip(reason)
-    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug",
-                      walltime="00:10:00")
+    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug", walltime="00:10:00")
     text = text_of(nb)
     assert "#PBS -l walltime=04:00:00" in text
     assert "#SBATCH -t 00:10:00" in text
