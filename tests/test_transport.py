@@ -681,6 +681,8 @@ def test_a_reply_cut_by_a_timeout_is_finished_by_the_next_receive() -> None:
             got = decode(reader.read(10))
             assert got[0] == "first" and got[1].tolist() == [0, 1, 2, 3, 4]
             assert decode(reader.read(10)) == ("second", [1, 2])
+        a.sendall(second + second)  # two whole messages in one read: the second waits for the next call
+        assert decode(reader.read(10)) == ("second", [1, 2]) and decode(reader.read(10)) == ("second", [1, 2])
         a.sendall(first[:20])
         a.close()
         with pytest.raises(ChannelError, match="closed by peer"):

@@ -212,6 +212,28 @@ class FrameReader:
             The socket failed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._buf is None and not self._tls:
+            # the common case, kept short: a new message on a plain socket, often a
+            # single frame (a compact step reply) that one recv brings whole
+            self._wait(deadline, timeout)
+            buf = self._buf = bytearray(self._size)
+            try:
+                self._got = self._sock.recv_into(buf)
+            except BlockingIOError:
+                self._got = 0
+            else:
+                if self._got == 0:
+                    raise ChannelError("connection closed by peer")
+            if self._got >= _FIRST.size:
+                count, first = _FIRST.unpack_from(buf, 0)
+                if count == 1 and self._got == _FIRST.size + first:
+                    self._buf, self._got = None, 0
+                    self._size = min(max(2 * (_FIRST.size + first), _FIRST_READ), _CHUNK)
+                    return [memoryview(buf)[_FIRST.size : _FIRST.size + first]]
+        return self._read_on(deadline, timeout)
+
+    def _read_on(self, deadline: float | None, timeout: float | None) -> list[memoryview]:
+        """:meth:`read` from wherever the message in progress is: header, frames, growth, TLS."""
         buf = self._buf
         if buf is None:
             buf = self._buf = bytearray(self._size)
