@@ -88,7 +88,7 @@ def test_wheel_installed_alone_in_a_fresh_venv(tmp_path: Path) -> None:
     # Build from a copy of what the wheel is made of, so that the checkout gets no build/ or egg-info.
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "daskvec", src / "daskvec", ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
@@ -102,6 +102,11 @@ def test_wheel_installed_alone_in_a_fresh_venv(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"daskvec/__init__.py", "daskvec/py.typed", "daskvec/daskvec.yaml"} <= names
     assert not any(n.startswith(("tests/", "docs/", "notebooks/")) for n in names)
+    # the licence the metadata declares travels with the wheel
+    info = f"daskvec-{daskvec.__version__}.dist-info"
+    assert f"{info}/licenses/LICENSE" in names
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: BSD-3-Clause" in metadata and "License-File: LICENSE" in metadata
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
