@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -76,6 +77,10 @@ class Engine:
     autoreset : str
         When the groups reset finished envs (:class:`daskvec.protocol.Autoreset`):
         ``"SameStep"`` for Stable-Baselines3, the chosen mode for Gymnasium.
+    vector : bool
+        ``env_fns`` make vectorized envs (a Gymnasium ``VectorEnv``, an EnvPool): one
+        group each, stepped with one call (:mod:`daskvec.worker.vector`). The number of
+        envs is known once they are built; ``envs_per_actor`` does not apply.
 
     Attributes
     ----------
@@ -97,9 +102,11 @@ class Engine:
         options: Options,
         cluster_kwargs: Any = None,
         autoreset: str = "SameStep",
+        vector: bool = False,
     ) -> None:
-        self.env_fns = check_env_fns(env_fns)
-        self.n_envs = len(self.env_fns)
+        self.env_fns = check_env_fns(env_fns, "vector_env_fns" if vector else "env_fns")
+        self.vector = vector
+        self.n_envs = len(self.env_fns)  # a vector engine counts its envs once they are built
         self.closed = False
         self.broken: BaseException | None = None
         self.resolved = _cluster.resolve_client(
@@ -112,13 +119,18 @@ class Engine:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport)
             self.options = replace(options, transport=transport, encrypted=encrypted)
             self.directory = WorkerDirectory(self.client, self.options)
-            self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory, autoreset)
-            self.ledger = RestartLedger(self.n_envs)
-            self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
+            self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory, autoreset, vector)
             _cluster.keep_env_workers(self.client, self.options.timeout)
             workers_now = self.directory.wait_for_workers()
-            layout = _cluster.plan_groups(self.n_envs, len(workers_now), self.options.envs_per_actor)
-            self.pool.spawn(self.directory.assign(layout, workers_now, {}), self.ledger)
+            if vector:
+                self.pool.spawn_vectors(workers_now, RestartLedger(0))
+                self.n_envs = sum(len(g.env_indices) for g in self.pool.groups)
+                self.ledger = RestartLedger(self.n_envs)
+            else:
+                self.ledger = RestartLedger(self.n_envs)
+                layout = _cluster.plan_groups(self.n_envs, len(workers_now), self.options.envs_per_actor)
+                self.pool.spawn(self.directory.assign(layout, workers_now, {}), self.ledger)
+            self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
             self.observation_space, self.action_space = self._check_spaces()
         except BaseException:
             if self.pool is not None:
@@ -128,6 +140,7 @@ class Engine:
             raise
         self.timer = ClientTimer()
         self._last_stats = time.monotonic()
+        self._seeds_warned = False
 
     def _check_spaces(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The envs' spaces, after checking that every env has those of env 0."""
@@ -305,6 +318,7 @@ class Engine:
         the rebuilt ones start from the user's seeds too.
         """
         self.ledger.set_seeds([s if mask is None or mask[i] else None for i, s in enumerate(seeds)])
+        self._warn_fixed_seeds(seeds)
         for attempt in range(4):
             requests = {}
             for g in self.groups:
@@ -331,6 +345,21 @@ class Engine:
             # rebuilt groups come back reset with restart seeds; the next pass resets
             # them again with the user's seeds and options
             on_lost(lost, self.options.timeout)
+
+    def _warn_fixed_seeds(self, seeds: Sequence[int | None]) -> None:
+        """Warn, once, that seeds were given to envs that take theirs only when made (EnvPool)."""
+        if self._seeds_warned or all(s is None for s in seeds):
+            return
+        fixed = [g for g in self.groups if not g.desc.reseeds and any(seeds[i] is not None for i in g.env_indices)]
+        if fixed:
+            self._seeds_warned = True
+            warnings.warn(
+                f"the vector envs of envs {fixed[0].env_indices} ({fixed[0].desc.vector}) take their seed when they "
+                "are made and ignore the seeds given to reset(); seed them in their factories "
+                "(e.g. envpool.make_gymnasium(..., seed=s))",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def per_env(
         self,

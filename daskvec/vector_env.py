@@ -142,7 +142,66 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         if self.batch_size < n_envs and options.get("envs_per_actor") is None:
             options["envs_per_actor"] = math.gcd(self.batch_size, n_envs)
         checked = Options.create(**options)
-        self._engine = engine = Engine(env_fns, client, checked, cluster_kwargs, autoreset=mode.value)
+        self._attach(Engine(env_fns, client, checked, cluster_kwargs, autoreset=mode.value), mode)
+
+    @classmethod
+    def from_vector_envs(
+        cls,
+        vector_env_fns: Sequence[Callable[[], Any]],
+        client: Any = None,
+        *,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        batch_size: int | None = None,
+        cluster_kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> DaskVectorEnv:
+        """A DaskVectorEnv whose groups are vectorized envs: one per factory, stepped with one call.
+
+        As :meth:`daskvec.DaskVecEnv.from_vector_envs`, with Gymnasium's API: each factory
+        returns a Gymnasium ``VectorEnv`` or an EnvPool, built on a worker as one group.
+        Each vector env must reset finished envs as ``autoreset_mode`` says: with the
+        same mode (``NEXT_STEP``: Gymnasium's default and EnvPool's), or, for
+        ``SAME_STEP``, with ``DISABLED`` (the group resets them by mask) or as an EnvPool.
+        A partial batch (``batch_size``, :meth:`send`/:meth:`recv`) is made of whole
+        vector envs.
+
+        Parameters
+        ----------
+        vector_env_fns : list of callable
+            Zero-argument callables that each create one vectorized env (called on the workers).
+        client : distributed.Client, str, Cluster or None, optional
+            Where the envs run.
+        autoreset_mode, batch_size, cluster_kwargs, **options
+            As for the constructor (``envs_per_actor`` is ignored).
+
+        Returns
+        -------
+        DaskVectorEnv
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :meth:`daskvec.DaskVecEnv.from_vector_envs`, and a ``batch_size``
+            larger than the number of envs.
+        """
+        self = cls.__new__(cls)
+        self._state = _State.CLOSED  # until construction succeeds; makes close()/__del__ safe
+        self.closed = True
+        mode = _autoreset_mode(autoreset_mode)
+        checked = Options.create(**options)
+        engine = Engine(vector_env_fns, client, checked, cluster_kwargs, autoreset=mode.value, vector=True)
+        try:
+            self.batch_size = _batch_size(batch_size, engine.n_envs)
+        except ValueError:
+            engine.close()
+            raise
+        self._attach(engine, mode)
+        return self
+
+    def _attach(self, engine: Engine, mode: AutoresetMode) -> None:
+        """Take ``engine`` (built) as this face's: spaces, buffers, state, the envs' metadata."""
+        self._engine = engine
+        n_envs = engine.n_envs
         self.client, self.options = engine.client, engine.options
         self.num_envs = n_envs
         self.autoreset_mode = mode
