@@ -39,8 +39,8 @@ def _float_list(value: str) -> list[float]:
     return out
 
 
-#: Scenarios that run on their own, outside ``all`` (issue 13).
-OWN_RUN = ("hosts", "learning")
+#: Scenarios that run on their own, outside ``all`` (issue 13), and the Python-ceiling analysis.
+OWN_RUN = ("hosts", "learning", "ceiling")
 
 
 def _run_own(args: argparse.Namespace) -> int:
@@ -59,6 +59,23 @@ def _run_own(args: argparse.Namespace) -> int:
             return 2
         print(format_across_table(res))
         print(f"json: {res['files']['json']}")
+    if "ceiling" in args.scenario:
+        import json
+
+        from daskvec.bench.ceiling import format_ceiling_table, run_ceiling
+        from daskvec.bench.scenarios import missing_packages
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        for workload, default_envs in (("mujoco", 64), ("atari", 16)):
+            if missing_packages(workload):
+                print(f"ceiling {workload}: skipped, needs {', '.join(missing_packages(workload))}")
+                continue
+            res = run_ceiling(workload, (args.envs or [default_envs])[0], seconds=max(args.seconds, 2.0),
+                              warmup=args.warmup, rounds=max(args.repeat, 3), seed=args.seed)  # fmt: skip
+            out = Path(args.out) / f"ceiling-{workload}.json"
+            out.write_text(json.dumps(res, indent=1, default=str))
+            print(format_ceiling_table(res))
+            print(f"json: {out}")
     if "learning" in args.scenario:
         from daskvec.bench.learning import format_learning_table, run_learning_check
 
@@ -77,13 +94,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser : argparse.ArgumentParser
         The (sub)parser of the ``bench`` command.
     """
-    parser.add_argument("--scenario", nargs="+", default=["all"], choices=[*SCENARIOS, "all", "none", *OWN_RUN],
-                        help="scenarios to run (default: all); 'none' with --dashboard runs only that; "
-                             "'hosts' (emulated hosts, needs root) and 'learning' run on their own")
+    parser.add_argument("--scenario", nargs="+", default=["all"],
+                        choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN],
+                        help="scenarios to run (default: all, which leaves out the real workloads atari, mujoco and "
+                             "contention: name them, or 'workloads'); 'none' with --dashboard runs only that; "
+                             "'hosts' (emulated hosts, needs root), 'learning' and 'ceiling' (where DaskVecEnv's "
+                             "step time goes against the Python ceiling, mujoco and atari) run on their own")
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")
     parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]",
-                        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16)")
+                        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; "
+                             "atari 16; mujoco 16,64; contention 8)")
     parser.add_argument("--seconds", type=float, default=2.0, help="time budget of each timed window (default 2)")
     parser.add_argument("--steps", type=int, default=None, help="fixed vec-steps per timed window instead of --seconds")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up before timing (default 0.5)")
@@ -101,6 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AsyncVectorEnv multiprocessing context (default: its own)")
     parser.add_argument("--timesteps", type=int, default=25_000, help="PPO timesteps of the training scenario")
     parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after training")
+    parser.add_argument("--contention-timesteps", type=int, default=8192,
+                        help="PPO timesteps of the contention scenario (default 8192)")
     parser.add_argument("--dashboard", action="store_true",
                         help="also measure DaskVecEnv with the daskvec dashboard page open vs closed")
     parser.add_argument("--dashboard-route", default=None, help="route of the page if it cannot be discovered")
@@ -176,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
                 async_context=args.async_context,
                 training_timesteps=args.timesteps,
                 eval_episodes=args.eval_episodes,
+                contention_timesteps=args.contention_timesteps,
                 dashboard=args.dashboard,
                 dashboard_route=args.dashboard_route,
                 out_dir=args.out,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -13,18 +14,22 @@ from daskvec.bench.dashboard_load import measure_dashboard
 from daskvec.bench.envs import action_cycle
 from daskvec.bench.gym_faces import GYM_SCENARIOS, gym_faces_case, straggler_case
 from daskvec.bench.machine import _usable_cores, machine_info
-from daskvec.bench.measure import _measure_case, _measure_training_case
+from daskvec.bench.measure import _measure_case, _measure_training_case, busy_processes
 from daskvec.bench.report import _add_ratios, write_results
 from daskvec.bench.scenarios import (
     _ACTION_CYCLE,
     BASELINE,
+    CONTENTION_BUSY,
     DEFAULT_ENVS,
+    ENVPOOL_KINDS,
     LABELS,
     SCENARIOS,
     VEC_ENVS,
+    WORKLOADS,
     Case,
     Options,
     _cases,
+    missing_packages,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,6 +74,7 @@ def run_benchmark(
     heavy_step_s: float = 1e-3,
     training_timesteps: int = 25_000,
     eval_episodes: int = 10,
+    contention_timesteps: int = 8192,
     dashboard: bool = False,
     dashboard_route: str | None = None,
     out_dir: str | os.PathLike[str] | None = None,
@@ -79,9 +85,13 @@ def run_benchmark(
     Parameters
     ----------
     scenarios : sequence of str
-        Any of :data:`SCENARIOS` (``"all"`` for every one).
+        Any of :data:`SCENARIOS`; ``"all"`` for every one but the real workloads
+        (:data:`WORKLOADS`: ``atari``, ``mujoco``, ``contention``), ``"workloads"`` for those.
     vec_envs : sequence of str
-        Any of :data:`VEC_ENVS`. Ratios need ``"subproc"`` (the baseline).
+        Any of :data:`VEC_ENVS`. Ratios need ``"subproc"`` (the baseline). The EnvPool
+        kinds (``envpool``: EnvPool alone with a thread per core; ``dask-envpool``:
+        :meth:`DaskVecEnv.from_vector_envs` over EnvPool groups) run only in the workload
+        scenarios that have an EnvPool task, and are skipped when EnvPool is missing.
     n_envs : sequence of int, optional
         Env counts for every selected stepping scenario (the first one for training),
         instead of :data:`DEFAULT_ENVS`.
@@ -111,6 +121,8 @@ def run_benchmark(
         CPU seconds per step of the heavy scenario's env.
     training_timesteps, eval_episodes : int
         PPO timesteps and evaluation episodes of the training scenario.
+    contention_timesteps : int
+        PPO timesteps of the contention scenario.
     dashboard : bool
         Also measure DaskVecEnv with the daskvec dashboard page open vs closed.
     dashboard_route : str, optional
@@ -137,12 +149,13 @@ def run_benchmark(
     opts = Options(seconds=seconds, steps=steps, warmup=warmup, repeat=repeat, seed=seed, scheduler=scheduler,
                    transport=transport, env_process=env_process, subproc_start_method=subproc_start_method,
                    async_context=async_context,
-                   heavy_step_s=heavy_step_s, training_timesteps=training_timesteps, eval_episodes=eval_episodes)
+                   heavy_step_s=heavy_step_s, training_timesteps=training_timesteps, eval_episodes=eval_episodes,
+                   cores=_usable_cores(), contention_timesteps=contention_timesteps)
     _prepare_imports(kinds)
     started = time.perf_counter()
     results = _new_results(opts, chosen, kinds, n_envs, dashboard)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    cores = _usable_cores()
+    cores = opts.cores
     for scenario in chosen:
         sizes = [int(n) for n in n_envs] if n_envs else list(DEFAULT_ENVS[scenario])
         for case_out in _scenario_cases(scenario, sizes, kinds, opts, cores):
@@ -168,10 +181,15 @@ def _check_selection(
     n_envs: Sequence[int] | None,
 ) -> tuple[list[str], list[str]]:
     """Check :func:`run_benchmark`'s options; return the scenarios and vec env kinds to run, in run order."""
-    chosen = list(SCENARIOS) if "all" in scenarios else [s for s in SCENARIOS if s in scenarios]
-    unknown = [s for s in scenarios if s not in (*SCENARIOS, "all", "none")]
+    named = set(scenarios)
+    if "all" in named:
+        named |= {s for s in SCENARIOS if s not in WORKLOADS}
+    if "workloads" in named:
+        named |= set(WORKLOADS)
+    chosen = [s for s in SCENARIOS if s in named]
+    unknown = [s for s in scenarios if s not in (*SCENARIOS, "all", "workloads", "none")]
     if unknown:
-        raise ValueError(f"unknown scenario(s) {unknown}; choose from {(*SCENARIOS, 'all', 'none')}")
+        raise ValueError(f"unknown scenario(s) {unknown}; choose from {(*SCENARIOS, 'all', 'workloads', 'none')}")
     bad = [k for k in vec_envs if k not in VEC_ENVS]
     if bad or not vec_envs:
         raise ValueError(f"vec_envs must be a non-empty subset of {VEC_ENVS}, not {list(vec_envs)}")
@@ -224,6 +242,14 @@ def _scenario_cases(
     if scenario == "training":
         yield _training_case(sizes[0], kinds, opts)
         return
+    if scenario == "contention":
+        yield _training_case(sizes[0], kinds, opts, contention=True)
+        return
+    missing = missing_packages(scenario)
+    if missing:  # a workload whose packages are absent: said once, nothing else fails
+        yield {"scenario": scenario, "case": scenario, "n_envs": sizes[0], "results": {},
+               "skipped": f"needs {', '.join(missing)}: pip install 'daskvec[workloads]'"}  # fmt: skip
+        return
     if scenario in GYM_SCENARIOS:  # issue 16: the Gymnasium faces, and stragglers
         yield _gym_case(scenario, sizes[0], opts)
         return
@@ -241,16 +267,27 @@ def _gym_case(scenario: str, n: int, opts: Options) -> dict[str, Any]:
     return straggler_case(seconds, opts.warmup, opts.seed, opts.scheduler, groups=groups, envs_per_group=per_group)
 
 
-def _training_case(n: int, kinds: list[str], opts: Options) -> dict[str, Any]:
-    """PPO with ``n`` envs on every vec env but AsyncVectorEnv, with the ratios."""
-    case_out: dict[str, Any] = {"scenario": "training", "case": f"training-{n}", "env": "CartPole-v1 (PPO)",
+def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = False) -> dict[str, Any]:
+    """PPO with ``n`` envs on every SB3 vec env, with the ratios.
+
+    ``contention``: PPO for ``opts.contention_timesteps`` while :data:`CONTENTION_BUSY`
+    busy-loop processes compete for the cores, started before each vec env is built and
+    stopped after its run.
+    """
+    scenario = "contention" if contention else "training"
+    if contention:
+        opts = dataclasses.replace(opts, training_timesteps=opts.contention_timesteps)
+    env = f"CartPole-v1 (PPO{f', {CONTENTION_BUSY} busy-loop processes beside' if contention else ''})"
+    case_out: dict[str, Any] = {"scenario": scenario, "case": f"{scenario}-{n}", "env": env,
                                 "n_envs": n, "timesteps": opts.training_timesteps, "results": {}}
     for kind in kinds:
-        if kind == "async":
-            case_out["results"][kind] = {"skipped": "AsyncVectorEnv is not a Stable-Baselines3 VecEnv"}
+        if kind in ("async", *ENVPOOL_KINDS):
+            if kind == "async":
+                case_out["results"][kind] = {"skipped": "AsyncVectorEnv is not a Stable-Baselines3 VecEnv"}
             continue
         try:
-            case_out["results"][kind] = _measure_training_case(kind, n, opts)
+            with busy_processes(CONTENTION_BUSY if contention else 0):
+                case_out["results"][kind] = _measure_training_case(kind, n, opts)
         except Exception as e:
             case_out["results"][kind] = _error_entry(kind, e)
     _add_ratios(case_out)
@@ -268,10 +305,23 @@ def _stepping_case(case: Case, kinds: list[str], opts: Options, cores: int) -> d
                                 "ideal_steps_per_s": cores / opts.heavy_step_s if case.scenario == "heavy" else None,
                                 "cores": cores, "results": {}}
     for kind in kinds:
+        if kind in ENVPOOL_KINDS and case.envpool_task is None:
+            continue  # no EnvPool counterpart of this env
+        if kind in ENVPOOL_KINDS and missing_packages("envpool"):
+            case_out["results"][kind] = {"skipped": "envpool is not installed (pip install envpool)"}
+            continue
         try:
             case_out["results"][kind] = _measure_case(kind, case, actions, opts)
         except Exception as e:
             case_out["results"][kind] = _error_entry(kind, e)
+    pool, on_pool = case_out["results"].get("envpool", {}), case_out["results"].get("dask-envpool", {})
+    if pool.get("steps_per_s") and on_pool.get("steps_per_s"):
+        on_pool["of_envpool"] = on_pool["steps_per_s"] / pool["steps_per_s"]
+    dummy = case_out["results"].get("dummy", {})
+    if case.python_ideal and dummy.get("steps_per_s"):
+        # a Python env steps at most this fast on this machine: every core as busy as one process
+        case_out["ideal_steps_per_s"] = cores * dummy["steps_per_s"]
+        case_out["ideal"] = f"{cores} cores x DummyVecEnv"
     _add_ratios(case_out)
     return case_out
 
