@@ -283,10 +283,13 @@ def test_ceiling_splits_the_step_time(tmp_path: Path) -> None:
     res = run_ceiling("mujoco", 2, seconds=0.5, warmup=0.0, rounds=1)
     assert res["case"] == "mujoco-2" and len(res["dummy_steps_per_s"]) == 1
     assert res["ideal_steps_per_s"] == pytest.approx(res["cores"] * res["dummy_steps_per_s"][0])
+    assert res["parallel_ceiling_steps_per_s"] == res["parallel_steps_per_s"][0] > 0
     for name, entry in res["variants"].items():
         (run,) = entry["runs"]
         assert "error" not in run, (name, run.get("error"))
         assert entry["fraction_of_ideal"] == pytest.approx(entry["steps_per_s"] / res["ideal_steps_per_s"])
+        parallel = res["parallel_ceiling_steps_per_s"]
+        assert entry["fraction_of_parallel"] == pytest.approx(entry["steps_per_s"] / parallel)
         assert len(entry["worker_cpu_ms"]) == run["workers"] >= 1
         assert entry["client_cpu_ms"] > 0 and entry["env_ms"] > 0
         # the three parts are the vec env's own split of each vec-step's wall time

@@ -188,6 +188,30 @@ def test_a_lost_worker_rebuilds_its_vector_env_whole(dask_processes: Any) -> Non
         assert list(obs[:, 0]) == [3.0, 3.0, 3.0, 1.0, 1.0, 1.0]
 
 
+@pytest.mark.timeout(120)
+def test_vector_groups_report_to_the_dashboard(client2: Any) -> None:
+    """The workers' figures (the dashboard's /workers columns and Prometheus) count a vector group's envs and steps."""
+    from daskvec import metrics
+
+    def summaries() -> dict[str, dict[str, float]]:
+        return dict(client2.run(metrics.worker_summary))
+
+    before = summaries()
+    vfns = vector_fns([functools.partial(CountingEnv, horizon=4) for _ in range(6)], [3, 3], AutoresetMode.SAME_STEP)
+    with contextlib.closing(DaskVecEnv.from_vector_envs(vfns, client2)) as env:
+        env.reset()
+        for _ in range(8):
+            env.step(np.ones(6, dtype=np.int64))
+        after = summaries()
+        held: dict[str, int] = {}
+        for g in env.groups:
+            held[g["worker"]] = held.get(g["worker"], 0) + len(g["envs"])
+        for w, k in held.items():
+            assert after[w]["daskvec_envs"] - before[w]["daskvec_envs"] == k
+            assert after[w]["daskvec_steps"] - before[w]["daskvec_steps"] == k * 8
+            assert after[w]["daskvec_episodes"] - before[w]["daskvec_episodes"] == k * 2
+
+
 def test_rebalance_moves_whole_vector_groups_only() -> None:
     groups = [([0, 1, 2, 3], "a"), ([4, 5], "a"), ([6, 7], "a"), ([8, 9, 10], "b")]
     plan = plan_rebalance(groups, ["a", "b", "c"], whole_groups=True)

@@ -1,8 +1,11 @@
 """Where a DaskVecEnv step's time goes on one machine, against the Python ceiling.
 
 ``daskvec bench --scenario ceiling`` steps one workload (``mujoco`` or ``atari``, see
-:mod:`daskvec.bench.scenarios`) with DummyVecEnv (the single-process rate; the ceiling
-is cores x that rate) and with DaskVecEnv on the embedded cluster under a few settings
+:mod:`daskvec.bench.scenarios`) with DummyVecEnv (the single-process rate; the ideal
+is cores x that rate), with one DummyVecEnv per core running at once, each on its share
+of the envs and with no communication at all (the **parallel ceiling**: what this
+machine gives Python envs stepped in parallel, shared caches, memory bandwidth and the
+hypervisor included), and with DaskVecEnv on the embedded cluster under a few settings
 (:data:`VARIANTS`), in turns, ``rounds`` times, so that a shared machine's load weighs
 on all of them alike. For each DaskVecEnv run it splits a vec-step's wall time with the
 vec env's own :class:`~daskvec.metrics.ClientTimer` (the caller's time between steps;
@@ -69,6 +72,49 @@ def _measure_dummy(case: Case, actions: np.ndarray, seconds: float, warmup: floa
 
     res = _measure_case("dummy", case, actions, Options(seconds=seconds, warmup=warmup, seed=seed))
     return float(res["steps_per_s"])
+
+
+def _parallel_worker(case: Case, n_envs: int, seed: int, seconds: float, warmup: float, start: Any,
+                     out: Any) -> None:  # fmt: skip
+    """One process of the parallel ceiling: a DummyVecEnv of ``n_envs``, timed from a common start."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    env: Any = DummyVecEnv([case.make] * n_envs)
+    if case.frame_stack:
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        env = VecFrameStack(env, case.frame_stack)
+    probe = case.make()
+    actions = action_cycle(probe.action_space, n_envs, _ACTION_CYCLE, seed)
+    probe.close()
+    env.seed(seed)
+    env.reset()
+    start.wait()
+    n_warm, _ = _window(env, actions, 0, warmup)
+    n, elapsed = _window(env, actions, n_warm, seconds)
+    out.put(n * n_envs / elapsed)
+    env.close()
+
+
+def _measure_parallel(case: Case, cores: int, seconds: float, warmup: float, seed: int) -> float:
+    """The parallel ceiling: ``cores`` DummyVecEnv processes at once, their env-steps/s summed."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Barrier(cores), ctx.Queue()
+    shares = [case.n_envs // cores + (1 if k < case.n_envs % cores else 0) for k in range(cores)]
+    procs = [ctx.Process(target=_parallel_worker, args=(case, n, seed + k, seconds, warmup, start, out), daemon=True)
+             for k, n in enumerate(shares) if n]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        rates = [out.get(timeout=300) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return float(sum(rates))
 
 
 def _measure_dask(case: Case, actions: np.ndarray, settings: dict[str, Any], seconds: float, warmup: float,
@@ -140,9 +186,10 @@ def run_ceiling(
     Returns
     -------
     dict
-        ``machine``, ``settings``, ``dummy_steps_per_s`` (each round), ``ideal_steps_per_s``
-        (cores x the median DummyVecEnv rate) and, per variant, each round's figures and
-        their medians with the fraction of the ideal.
+        ``machine``, ``settings``, ``dummy_steps_per_s`` and ``parallel_steps_per_s`` (each
+        round), ``ideal_steps_per_s`` (cores x the median DummyVecEnv rate),
+        ``parallel_ceiling_steps_per_s`` (the median parallel ceiling) and, per variant,
+        each round's figures and their medians with the fractions of both.
 
     Raises
     ------
@@ -163,10 +210,12 @@ def run_ceiling(
     cores = _usable_cores()
     out: dict[str, Any] = {"machine": machine_info(), "cores": cores, "case": case.name,
                            "settings": {"seconds": seconds, "warmup": warmup, "rounds": rounds, "seed": seed},
-                           "dummy_steps_per_s": [], "variants": {v: {"runs": []} for v in variants}}  # fmt: skip
+                           "dummy_steps_per_s": [], "parallel_steps_per_s": [],
+                           "variants": {v: {"runs": []} for v in variants}}  # fmt: skip
     for r in range(rounds):
         logger.info("ceiling %s: round %d/%d", case.name, r + 1, rounds)
         out["dummy_steps_per_s"].append(_measure_dummy(case, actions, seconds, warmup, seed))
+        out["parallel_steps_per_s"].append(_measure_parallel(case, cores, seconds, warmup, seed))
         for v in variants:
             try:
                 out["variants"][v]["runs"].append(_measure_dask(case, actions, VARIANTS[v], seconds, warmup, seed))
@@ -175,6 +224,7 @@ def run_ceiling(
                 out["variants"][v]["runs"].append({"error": f"{type(e).__name__}: {e}"})
     ideal = cores * statistics.median(out["dummy_steps_per_s"])
     out["ideal_steps_per_s"] = ideal
+    out["parallel_ceiling_steps_per_s"] = parallel = statistics.median(out["parallel_steps_per_s"])
     for entry in out["variants"].values():
         runs = [x for x in entry["runs"] if "error" not in x]
         if not runs:
@@ -184,6 +234,7 @@ def run_ceiling(
         entry["worker_cpu_ms"] = [statistics.median(x["worker_cpu_ms"][k] for x in runs)
                                   for k in range(len(runs[0]["worker_cpu_ms"]))]  # fmt: skip
         entry["fraction_of_ideal"] = entry["steps_per_s"] / ideal
+        entry["fraction_of_parallel"] = entry["steps_per_s"] / parallel
         entry["fraction_runs"] = [x["steps_per_s"] / ideal for x in runs]
     out["load_average_end"] = list(os.getloadavg())
     return out
@@ -196,15 +247,20 @@ def format_ceiling_table(res: dict[str, Any]) -> str:
     lines = [
         f"{res['case']}: ideal {res['ideal_steps_per_s']:,.0f} env-steps/s = {res['cores']} cores x DummyVecEnv "
         f"(median of {[round(x) for x in res['dummy_steps_per_s']]}); an ideal vec-step takes {ideal_ms:.2f} ms",
-        f"{'variant':<14} {'env-steps/s':>11} {'of ideal':>8} {'step ms':>8} {'env ms':>7} {'transit':>8} "
-        f"{'client':>7} {'client CPU':>10}  worker CPU ms/step",
+        f"parallel ceiling ({res['cores']} DummyVecEnv processes at once, no communication): "
+        f"{res['parallel_ceiling_steps_per_s']:,.0f} env-steps/s "
+        f"({res['parallel_ceiling_steps_per_s'] / res['ideal_steps_per_s']:.2f} of the ideal; "
+        f"median of {[round(x) for x in res['parallel_steps_per_s']]})",
+        f"{'variant':<14} {'env-steps/s':>11} {'of ideal':>8} {'of par.':>7} {'step ms':>8} {'env ms':>7} "
+        f"{'transit':>8} {'client':>7} {'client CPU':>10}  worker CPU ms/step",
     ]
     for name, e in res["variants"].items():
         if "steps_per_s" not in e:
             lines.append(f"{name:<14} {e['runs'][0].get('error')}")
             continue
         lines.append(
-            f"{name:<14} {e['steps_per_s']:>11,.0f} {e['fraction_of_ideal']:>8.2f} {e['vec_step_ms']:>8.2f} "
+            f"{name:<14} {e['steps_per_s']:>11,.0f} {e['fraction_of_ideal']:>8.2f} {e['fraction_of_parallel']:>7.2f} "
+            f"{e['vec_step_ms']:>8.2f} "
             f"{e['env_ms']:>7.2f} {e['transit_ms']:>8.2f} {e['client_ms']:>7.2f} {e['client_cpu_ms']:>10.2f}  "
             + ", ".join(f"{x:.2f}" for x in e["worker_cpu_ms"])
         )
