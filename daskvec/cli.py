@@ -69,46 +69,89 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env_id", metavar="ENV_ID", help="a Gymnasium env id, e.g. CartPole-v1")
     parser.add_argument("--algo", choices=ALGOS, default="ppo", help="the SB3 algorithm (default: ppo)")
     parser.add_argument("--n-envs", type=_positive_int, default=8, help="number of parallel envs (default: 8)")
-    parser.add_argument("--timesteps", type=_positive_int, default=25_000,
-                        help="env steps to train for, over all envs (default: 25000)")
+    parser.add_argument(
+        "--timesteps", type=_positive_int, default=25_000, help="env steps to train for, over all envs (default: 25000)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the envs and the agent (default: 0)")
-    parser.add_argument("--envs-per-actor", type=_positive_int, default=None,
-                        help="envs per Dask actor (default: one actor per worker)")
-    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                        help="Dask scheduler address, e.g. tcp://10.0.0.1:8786 (default: an embedded LocalCluster)")
-    parser.add_argument("--transport", choices=("auto", "direct", "actor", "direct-insecure"), default=None,
-                        help="how steps reach the actors (default: Dask config daskvec.transport, auto)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds any single wait for the cluster may take (default: Dask config "
-                             "daskvec.timeout, 300)")
+    parser.add_argument(
+        "--envs-per-actor", type=_positive_int, default=None, help="envs per Dask actor (default: one actor per worker)"
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="Dask scheduler address, e.g. tcp://10.0.0.1:8786 (default: an embedded LocalCluster)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("auto", "direct", "actor", "direct-insecure"),
+        default=None,
+        help="how steps reach the actors (default: Dask config daskvec.transport, auto)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds any single wait for the cluster may take (default: Dask config daskvec.timeout, 300)",
+    )
     parser.add_argument("--save", metavar="PATH", default=None, help="save the trained model there (SB3 .zip)")
-    parser.add_argument("--eval-episodes", type=int, default=10,
-                        help="episodes of deterministic evaluation at the end; 0 skips it (default: 10)")
-    parser.add_argument("--hyperparams", metavar="KEY=VALUE", nargs="+", type=_hyperparam, default=[],
-                        help="extra arguments of the algorithm, e.g. n_steps=256 learning_rate=1e-3")
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=10,
+        help="episodes of deterministic evaluation at the end; 0 skips it (default: 10)",
+    )
+    parser.add_argument(
+        "--hyperparams",
+        metavar="KEY=VALUE",
+        nargs="+",
+        type=_hyperparam,
+        default=[],
+        help="extra arguments of the algorithm, e.g. n_steps=256 learning_rate=1e-3",
+    )
     parser.add_argument("--device", default="cpu", help="torch device for the agent (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    parser.add_argument("--tensorboard-log", metavar="DIR", default=None,
-                        help="write SB3's TensorBoard logs there, daskvec's figures included (needs tensorboard)")
+    parser.add_argument(
+        "--tensorboard-log",
+        metavar="DIR",
+        default=None,
+        help="write SB3's TensorBoard logs there, daskvec's figures included (needs tensorboard)",
+    )
     _add_common(parser)
 
 
 def _add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
     """daskvec's own options of ``daskvec zoo``; the zoo's are forwarded, so none may share a name with them."""
-    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                        help="Dask scheduler address (default: an embedded LocalCluster for the whole run)")
-    parser.add_argument("--n-workers", type=_positive_int, default=None,
-                        help="workers of the embedded cluster (default: one per core)")
-    parser.add_argument("--envs-per-actor", type=_positive_int, default=None,
-                        help="envs per Dask actor (default: one actor per worker)")
-    parser.add_argument("--transport", choices=("auto", "direct", "actor"), default="auto",
-                        help="how steps reach the actors (default: auto)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds any single wait for the cluster may take (default: 300)")
-    parser.add_argument("--on-env-error", choices=("raise", "restart"), default="raise",
-                        help="re-raise an env's exception, or rebuild the env (default: raise)")
-    parser.add_argument("--no-daskvec-metrics", action="store_true",
-                        help="do not add daskvec's figures to the zoo's logs")
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="Dask scheduler address (default: an embedded LocalCluster for the whole run)",
+    )
+    parser.add_argument(
+        "--n-workers", type=_positive_int, default=None, help="workers of the embedded cluster (default: one per core)"
+    )
+    parser.add_argument(
+        "--envs-per-actor", type=_positive_int, default=None, help="envs per Dask actor (default: one actor per worker)"
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("auto", "direct", "actor"),
+        default="auto",
+        help="how steps reach the actors (default: auto)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds any single wait for the cluster may take (default: 300)"
+    )
+    parser.add_argument(
+        "--on-env-error",
+        choices=("raise", "restart"),
+        default="raise",
+        help="re-raise an env's exception, or rebuild the env (default: raise)",
+    )
+    parser.add_argument(
+        "--no-daskvec-metrics", action="store_true", help="do not add daskvec's figures to the zoo's logs"
+    )
 
 
 def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
@@ -130,17 +173,26 @@ def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"daskvec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    train_p = sub.add_parser("train", help="train an SB3 agent with its envs on a Dask cluster",
-                             description="Train an SB3 agent with its envs in a DaskVecEnv.")
+    train_p = sub.add_parser(
+        "train",
+        help="train an SB3 agent with its envs on a Dask cluster",
+        description="Train an SB3 agent with its envs in a DaskVecEnv.",
+    )
     _add_train_arguments(train_p)
-    zoo_p = sub.add_parser("zoo", help="train an RL Zoo (rl_zoo3) configuration with its envs on a Dask cluster",
-                           description="rl_zoo3's train with its envs in DaskVecEnvs. Every argument that is not "
-                           "listed here goes to the zoo (see `python -m rl_zoo3.train --help`), e.g. "
-                           "`daskvec zoo --n-workers 2 --algo ppo --env CartPole-v1 -n 20000`.",
-                           allow_abbrev=False)
+    zoo_p = sub.add_parser(
+        "zoo",
+        help="train an RL Zoo (rl_zoo3) configuration with its envs on a Dask cluster",
+        description="rl_zoo3's train with its envs in DaskVecEnvs. Every argument that is not "
+        "listed here goes to the zoo (see `python -m rl_zoo3.train --help`), e.g. "
+        "`daskvec zoo --n-workers 2 --algo ppo --env CartPole-v1 -n 20000`.",
+        allow_abbrev=False,
+    )
     _add_zoo_arguments(zoo_p)
-    bench_p = sub.add_parser("bench", help="benchmark DaskVecEnv against SB3's vec envs",
-                             description="Benchmark DaskVecEnv against SB3's vec envs.")
+    bench_p = sub.add_parser(
+        "bench",
+        help="benchmark DaskVecEnv against SB3's vec envs",
+        description="Benchmark DaskVecEnv against SB3's vec envs.",
+    )
     if with_bench:
         from daskvec import bench
 
@@ -222,28 +274,45 @@ def train(args: argparse.Namespace) -> int:
         "timeout": args.timeout,
     }
     try:
-        env = make_vec_env(args.env_id, n_envs=args.n_envs, seed=args.seed,
-                           vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]  # SB3 annotates its own two only
-                           vec_env_kwargs=vec_kwargs)
+        env = make_vec_env(
+            args.env_id,
+            n_envs=args.n_envs,
+            seed=args.seed,
+            vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]  # SB3 annotates its own two only
+            vec_env_kwargs=vec_kwargs,
+        )
     except (ValueError, TypeError, OSError, gym.error.Error) as e:
         print(f"daskvec train: cannot create the envs: {e}", file=sys.stderr)
         return 1
     try:
         assert isinstance(env, DaskVecEnv)
-        print(f"daskvec: {args.n_envs} x {args.env_id} in {len(env.groups)} actors on "
-              f"{len({g['worker'] for g in env.groups})} workers ({env.transport_summary()})", flush=True)
+        print(
+            f"daskvec: {args.n_envs} x {args.env_id} in {len(env.groups)} actors on "
+            f"{len({g['worker'] for g in env.groups})} workers ({env.transport_summary()})",
+            flush=True,
+        )
         for line in env.dashboard.lines():  # only links to pages the scheduler serves
             print(line, flush=True)
         algo = _algo_class(args.algo)
-        model = algo(_policy_for(env.observation_space), env, device=args.device, seed=args.seed, verbose=0,
-                     tensorboard_log=args.tensorboard_log, **dict(args.hyperparams))
+        model = algo(
+            _policy_for(env.observation_space),
+            env,
+            device=args.device,
+            seed=args.seed,
+            verbose=0,
+            tensorboard_log=args.tensorboard_log,
+            **dict(args.hyperparams),
+        )
         progress = not args.no_progress and _has_progress_bar_deps()
         start = time.perf_counter()
         model.learn(total_timesteps=args.timesteps, progress_bar=progress, callback=DaskVecEnvMetrics())
         elapsed = time.perf_counter() - start
         steps = int(model.num_timesteps)
-        print(f"trained {args.algo.upper()} for {steps} env steps in {elapsed:.1f} s: "
-              f"{steps / max(elapsed, 1e-9):.0f} env-steps/s", flush=True)
+        print(
+            f"trained {args.algo.upper()} for {steps} env steps in {elapsed:.1f} s: "
+            f"{steps / max(elapsed, 1e-9):.0f} env-steps/s",
+            flush=True,
+        )
         if args.tensorboard_log:
             print(f"TensorBoard logs (daskvec/* figures included) in {args.tensorboard_log}", flush=True)
         if args.save:
@@ -258,13 +327,13 @@ def train(args: argparse.Namespace) -> int:
         eval_env = Monitor(gym.make(args.env_id))
         eval_env.reset(seed=args.seed + 10_000)
         try:
-            rewards, _ = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True,
-                                         return_episode_rewards=True)
+            rewards, _ = evaluate_policy(
+                model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True, return_episode_rewards=True
+            )
         finally:
             eval_env.close()
         mean, std = float(np.mean(rewards)), float(np.std(rewards))
-        print(f"evaluated mean reward: {mean:.2f} +/- {std:.2f} over {args.eval_episodes} episodes",
-              flush=True)
+        print(f"evaluated mean reward: {mean:.2f} +/- {std:.2f} over {args.eval_episodes} episodes", flush=True)
     return 0
 
 
@@ -290,14 +359,23 @@ def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
         print(f'daskvec zoo needs rl_zoo3 ({e}): pip install "daskvec[zoo]"', file=sys.stderr)
         return 1
     if args.n_workers is not None and args.scheduler is not None:
-        print("daskvec zoo: --n-workers sizes the embedded cluster; with --scheduler the cluster's workers are used",
-              file=sys.stderr)
+        print(
+            "daskvec zoo: --n-workers sizes the embedded cluster; with --scheduler the cluster's workers are used",
+            file=sys.stderr,
+        )
         return 1
     forwarded = list(zoo_args[1:] if zoo_args[:1] == ["--"] else zoo_args)
     try:
-        run = train_zoo(forwarded, args.scheduler, n_workers=args.n_workers,
-                        record_metrics=not args.no_daskvec_metrics, envs_per_actor=args.envs_per_actor,
-                        transport=args.transport, timeout=args.timeout, on_env_error=args.on_env_error)
+        run = train_zoo(
+            forwarded,
+            args.scheduler,
+            n_workers=args.n_workers,
+            record_metrics=not args.no_daskvec_metrics,
+            envs_per_actor=args.envs_per_actor,
+            transport=args.transport,
+            timeout=args.timeout,
+            on_env_error=args.on_env_error,
+        )
     except ValueError as e:  # the zoo's own checks (env id, hyperparameters) and unreachable schedulers
         print(f"daskvec zoo: {e}", file=sys.stderr)
         return 1

@@ -40,8 +40,9 @@ dask.config.update_defaults(DEFAULTS)
 KEYS: dict[str, str] = {name.replace("-", "_"): f"daskvec.{name}" for name in DEFAULTS["daskvec"]}
 
 #: Options that are seconds: in the config they may also be Dask time strings ("90s", "5 minutes").
-DURATIONS = frozenset({"busy_poll", "timeout", "step_timeout", "worker_wait_timeout", "migrate_before",
-                       "rebalance_interval"})
+DURATIONS = frozenset(
+    {"busy_poll", "timeout", "step_timeout", "worker_wait_timeout", "migrate_before", "rebalance_interval"}
+)
 
 
 def key(option: str) -> str:

@@ -98,7 +98,7 @@ def parse_walltime(walltime: str | int | float, system: str = "slurm") -> float:
     if system in _MINUTE_FORMATS:
         if len(parts) > 2 or days:
             raise ValueError(f"an LSF walltime is [HH:]MM, not {walltime!r}")
-        hours, minutes = (parts if len(parts) == 2 else [0, parts[0]])
+        hours, minutes = parts if len(parts) == 2 else [0, parts[0]]
         return float(hours * 3600 + minutes * 60)
     if len(parts) == 1:
         h, mi, s = 0, parts[0], 0
@@ -396,7 +396,12 @@ def cluster_for_envs(
     cluster = _start_scaled(cluster_cls, kwargs, plan, scaling=scaling, spare_jobs=spare_jobs, wait=wait)
     logger.info(
         "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
-        type(cluster).__name__, n_envs, plan.jobs, plan.processes_per_job, plan.cores_per_job, plan.memory_per_job,
+        type(cluster).__name__,
+        n_envs,
+        plan.jobs,
+        plan.processes_per_job,
+        plan.cores_per_job,
+        plan.memory_per_job,
         f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
     )
     return cluster, plan

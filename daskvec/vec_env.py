@@ -387,6 +387,7 @@ class DaskVecEnv(EngineViews, VecEnv):
         self._buffers.apply_deferred()
         engine.finish(outcome, self._sink)
         return self._buffers.result()
+
     def collect_rollout(
         self,
         shipment: PolicyShipment,

@@ -100,8 +100,9 @@ class SpaceEnv(gym.Env[Any, Any]):
 
     metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012 (gymnasium's convention)
 
-    def __init__(self, kind: str = "box", horizon: int = 5, terminate_at: int | None = None,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self, kind: str = "box", horizon: int = 5, terminate_at: int | None = None, render_mode: str | None = None
+    ) -> None:
         self.kind = kind
         self.observation_space = _obs_space(kind)
         self.action_space = _action_space(kind)

@@ -20,13 +20,36 @@ with contextlib.suppress(ImportError):
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEP_KEYS = {
-    "steps_per_s", "steps_per_s_runs", "vec_steps", "elapsed_s", "ttfs_s", "ttfs_runs", "construct_s",
-    "reset_s", "first_step_s", "close_s", "reward_sum", "dones", "obs_checksum", "memory",
-    "leftover_processes", "ratio_steps_per_s", "ratio_ttfs", "ratio_mem_per_env",
+    "steps_per_s",
+    "steps_per_s_runs",
+    "vec_steps",
+    "elapsed_s",
+    "ttfs_s",
+    "ttfs_runs",
+    "construct_s",
+    "reset_s",
+    "first_step_s",
+    "close_s",
+    "reward_sum",
+    "dones",
+    "obs_checksum",
+    "memory",
+    "leftover_processes",
+    "ratio_steps_per_s",
+    "ratio_ttfs",
+    "ratio_mem_per_env",
 }
 MEMORY_KEYS = {
-    "client_rss_mb", "client_uss_mb", "client_delta_uss_mb", "env_processes", "env_processes_uss_mb",
-    "helpers_uss_mb", "processes", "client_per_env_mb", "env_processes_per_env_mb", "per_env_mb",
+    "client_rss_mb",
+    "client_uss_mb",
+    "client_delta_uss_mb",
+    "env_processes",
+    "env_processes_uss_mb",
+    "helpers_uss_mb",
+    "processes",
+    "client_per_env_mb",
+    "env_processes_per_env_mb",
+    "per_env_mb",
 }
 
 
@@ -81,8 +104,10 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
             assert res["leftover_processes"] == 0
         subproc = case["results"]["subproc"]
         assert subproc["ratio_steps_per_s"] == 1.0 and subproc["ratio_ttfs"] == 1.0
-        assert math.isclose(case["results"]["dask"]["ratio_steps_per_s"],
-                            case["results"]["dask"]["steps_per_s"] / subproc["steps_per_s"])
+        assert math.isclose(
+            case["results"]["dask"]["ratio_steps_per_s"],
+            case["results"]["dask"]["steps_per_s"] / subproc["steps_per_s"],
+        )
         # every SB3 vec env stepped the same envs with the same actions: identical outcomes
         sb3 = [case["results"][k] for k in ("dummy", "subproc", "dask")]
         assert len({(r["reward_sum"], r["dones"], r["obs_checksum"]) for r in sb3}) == 1, case["case"]
@@ -142,7 +167,12 @@ def test_run_benchmark_training_structure(cluster2: Any, tmp_path: Path) -> None
 def test_env_processes_are_counted_on_their_workers(cluster2: Any, tmp_path: Path) -> None:
     """With ``env_process=True`` each group's process is read on its worker, beside the worker."""
     results = bench.run_benchmark(
-        scenarios=["light"], vec_envs=["dask"], n_envs=[4], steps=3, warmup=0.0, env_process=True,
+        scenarios=["light"],
+        vec_envs=["dask"],
+        n_envs=[4],
+        steps=3,
+        warmup=0.0,
+        env_process=True,
         scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
         out_dir=tmp_path,
     )
@@ -162,10 +192,22 @@ def test_cli_run_embedded_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     out = tmp_path / "out"
-    args = parser.parse_args([
-        "--scenario", "light", "--envs", "2", "--steps", "3", "--warmup", "0",
-        "--vec-envs", "dummy,dask", "--out", str(out),
-    ])
+    args = parser.parse_args(
+        [
+            "--scenario",
+            "light",
+            "--envs",
+            "2",
+            "--steps",
+            "3",
+            "--warmup",
+            "0",
+            "--vec-envs",
+            "dummy,dask",
+            "--out",
+            str(out),
+        ]
+    )
     assert bench.run(args) == 0
     printed = capsys.readouterr().out
     assert "DaskVecEnv" in printed and "DummyVecEnv" in printed and "png:" in printed
@@ -191,9 +233,14 @@ def test_workload_scenarios_structure(cluster2: Any, tmp_path: Path, scenario: s
     if missing_packages(scenario):
         pytest.skip(f"{scenario} needs {missing_packages(scenario)} (pip install 'daskvec[workloads]')")
     results = bench.run_benchmark(
-        scenarios=[scenario], n_envs=[2], steps=3, warmup=0.0, subproc_start_method="fork",
+        scenarios=[scenario],
+        n_envs=[2],
+        steps=3,
+        warmup=0.0,
+        subproc_start_method="fork",
         scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
-        out_dir=tmp_path, plot=False,
+        out_dir=tmp_path,
+        plot=False,
     )
     (case,) = results["cases"]
     assert case["case"] == f"{scenario}-2" and case["n_envs"] == 2
@@ -216,7 +263,8 @@ def test_workload_scenarios_structure(cluster2: Any, tmp_path: Path, scenario: s
         for kind in ("envpool", "dask-envpool"):
             assert "error" not in res[kind], (kind, res[kind].get("error"))
         assert res["dask-envpool"]["of_envpool"] == pytest.approx(
-            res["dask-envpool"]["steps_per_s"] / res["envpool"]["steps_per_s"])
+            res["dask-envpool"]["steps_per_s"] / res["envpool"]["steps_per_s"]
+        )
         assert res["dask-envpool"]["groups"] >= 1
     table = bench.format_table(results)
     assert "of ideal" in table and "x DummyVecEnv" in table
@@ -255,10 +303,15 @@ def test_contention_structure(cluster2: Any, tmp_path: Path) -> None:
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     results = bench.run_benchmark(
-        scenarios=["contention"], vec_envs=["dummy", "subproc", "async", "dask"], n_envs=[2],
-        contention_timesteps=64, eval_episodes=1, subproc_start_method="fork",
+        scenarios=["contention"],
+        vec_envs=["dummy", "subproc", "async", "dask"],
+        n_envs=[2],
+        contention_timesteps=64,
+        eval_episodes=1,
+        subproc_start_method="fork",
         scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
-        out_dir=tmp_path, plot=False,
+        out_dir=tmp_path,
+        plot=False,
     )
     (case,) = results["cases"]
     assert case["case"] == "contention-2" and case["timesteps"] == 64 and "busy-loop" in case["env"]
@@ -342,7 +395,13 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
     """--dashboard: the daskvec page is found on the scheduler and really opened in chromium."""
     pytest.importorskip("daskvec.dashboard")
     results = bench.run_benchmark(
-        scenarios=["none"], vec_envs=["dask"], n_envs=[2], steps=3, warmup=0.0, dashboard=True, out_dir=tmp_path,
+        scenarios=["none"],
+        vec_envs=["dask"],
+        n_envs=[2],
+        steps=3,
+        warmup=0.0,
+        dashboard=True,
+        out_dir=tmp_path,
         scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
     )
     dash = results["dashboard"]

@@ -24,12 +24,14 @@ SMALL_PPO = ["--hyperparams", "n_steps=64", "batch_size=64", "n_epochs=2"]
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "daskvec.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "daskvec.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
-def run_cli_fetching_page(args: list[str], cwd: Path,
-                          timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+def run_cli_fetching_page(
+    args: list[str], cwd: Path, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
     """Run the CLI; while it runs, GET the daskvec page it prints. Returns the run and ``{url: status}``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "daskvec.cli", *args]
@@ -68,15 +70,15 @@ def untrained_return(seed: int, episodes: int = 3) -> float:
     try:
         model = PPO("MlpPolicy", eval_env, device="cpu", seed=seed)
         eval_env.reset(seed=seed + 10_000)  # as the CLI does
-        rewards, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
-                                     return_episode_rewards=True)
+        rewards, _ = evaluate_policy(
+            model, eval_env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+        )
     finally:
         eval_env.close()
     return float(sum(rewards)) / episodes
 
 
-def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_envs: int,
-                       seed: int) -> dict[str, Any]:
+def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_envs: int, seed: int) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     m = re.search(r"^daskvec: (\d+) x CartPole-v1 in (\d+) actors on (\d+) workers", out, re.M)
@@ -136,9 +138,30 @@ def test_train_on_embedded_cluster(tmp_path: Path) -> None:
 def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
     procs = dask_processes(2)
     model = tmp_path / "model.zip"
-    proc = run_cli(["train", "CartPole-v1", "--timesteps", "2000", "--n-envs", "4", "--envs-per-actor", "1",
-                    "--scheduler", procs.address, "--seed", "2", "--eval-episodes", "3", "--save", str(model),
-                    "--verbose", "--no-progress", *SMALL_PPO], tmp_path)
+    proc = run_cli(
+        [
+            "train",
+            "CartPole-v1",
+            "--timesteps",
+            "2000",
+            "--n-envs",
+            "4",
+            "--envs-per-actor",
+            "1",
+            "--scheduler",
+            procs.address,
+            "--seed",
+            "2",
+            "--eval-episodes",
+            "3",
+            "--save",
+            str(model),
+            "--verbose",
+            "--no-progress",
+            *SMALL_PPO,
+        ],
+        tmp_path,
+    )
     facts = check_train_output(proc, model, n_envs=4, seed=2)
     assert facts["actors"] == 4 and facts["workers"] == 2
     # a standalone scheduler without --preload daskvec.dashboard: its /status is linked, and the
@@ -159,16 +182,27 @@ def test_unreachable_scheduler_fails_cleanly(capsys: pytest.CaptureFixture[str],
     with socket.socket() as s:  # bound, never listening: connections to it are refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        code = cli.main(["train", "CartPole-v1", "--scheduler", f"tcp://127.0.0.1:{port}", "--timeout", "3",
-                         "--no-progress"])
+        code = cli.main(
+            ["train", "CartPole-v1", "--scheduler", f"tcp://127.0.0.1:{port}", "--timeout", "3", "--no-progress"]
+        )
     assert code == 1
     assert "cannot reach a Dask scheduler" in capsys.readouterr().err
 
 
 def test_parser(restore_daskvec_logger: Any) -> None:
     args = cli.build_parser().parse_args(
-        ["train", "Pendulum-v1", "--algo", "sac", "--n-envs", "2", "--hyperparams", "learning_rate=1e-3",
-         "policy_kwargs={'net_arch':[8]}", "train_freq=4"]
+        [
+            "train",
+            "Pendulum-v1",
+            "--algo",
+            "sac",
+            "--n-envs",
+            "2",
+            "--hyperparams",
+            "learning_rate=1e-3",
+            "policy_kwargs={'net_arch':[8]}",
+            "train_freq=4",
+        ]
     )
     assert args.env_id == "Pendulum-v1" and args.algo == "sac" and args.n_envs == 2
     assert dict(args.hyperparams) == {"learning_rate": 1e-3, "policy_kwargs": {"net_arch": [8]}, "train_freq": 4}

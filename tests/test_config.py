@@ -161,9 +161,14 @@ def test_make_vec_env_with_subproc_keywords(client2: Any, tmp_path: Path, caplog
     """SB3's tests/test_utils.py::test_custom_vec_env, with DaskVecEnv in place of SubprocVecEnv."""
     caplog.set_level(logging.INFO, logger="daskvec")
     monitor_dir = tmp_path / "test_make_vec_env"
-    env = make_vec_env("CartPole-v1", n_envs=2, monitor_dir=str(monitor_dir), seed=0,
-                       vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]  # SB3 annotates its own two only
-                       vec_env_kwargs={"start_method": "fork", "client": client2})
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=2,
+        monitor_dir=str(monitor_dir),
+        seed=0,
+        vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]  # SB3 annotates its own two only
+        vec_env_kwargs={"start_method": "fork", "client": client2},
+    )
     try:
         assert isinstance(env, DaskVecEnv) and env.num_envs == 2
         env.reset()
@@ -183,5 +188,9 @@ def test_make_vec_env_with_subproc_keywords(client2: Any, tmp_path: Path, caplog
         assert not [r for r in caplog.records if "start_method" in r.getMessage()]
     # a keyword that no vec env knows is still an error that names it
     with pytest.raises(TypeError, match="start_methd"):
-        make_vec_env("CartPole-v1", n_envs=1, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                     vec_env_kwargs={"start_methd": "fork", "client": client2})
+        make_vec_env(
+            "CartPole-v1",
+            n_envs=1,
+            vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+            vec_env_kwargs={"start_methd": "fork", "client": client2},
+        )

@@ -32,8 +32,13 @@ N_ENVS = 4
 
 #: DaskVecEnv placements: options, and the expected number of workers and groups.
 PLACEMENTS: dict[str, dict[str, Any]] = {
-    "dask-1w-direct-envproc": {"transport": "direct", "env_process": True, "one_worker": True, "workers": 1,
-                               "groups": 1},
+    "dask-1w-direct-envproc": {
+        "transport": "direct",
+        "env_process": True,
+        "one_worker": True,
+        "workers": 1,
+        "groups": 1,
+    },
     "dask-2w-1per-direct": {"transport": "direct", "envs_per_actor": 1, "workers": 2, "groups": 4},
     # as if the client ran on another machine: the direct channel goes over TCP, not the Unix socket
     "dask-2w-direct-tcp": {"transport": "direct", "socket": "tcp", "workers": 2, "groups": 2},
@@ -42,8 +47,6 @@ PLACEMENTS: dict[str, dict[str, Any]] = {
 }
 BACKENDS = ["dummy", "subproc", *PLACEMENTS]
 DASK_BACKENDS = list(PLACEMENTS)
-
-
 
 
 def make_vec(backend: str, env_fns: list[Callable[[], gym.Env[Any, Any]]], client: Any) -> VecEnv:
@@ -96,8 +99,10 @@ def vec_factory(dclient: Any) -> Iterator[Callable[[str, list[Callable[[], gym.E
 
 def space_fns(kind: str, n: int = N_ENVS, **kwargs: Any) -> list[Callable[[], gym.Env[Any, Any]]]:
     """``n`` SpaceEnv factories; env ``i`` terminates at step 2+i or is truncated at 4."""
-    return [functools.partial(SpaceEnv, kind, horizon=4, terminate_at=(2 + i if i % 2 == 0 else None), **kwargs)
-            for i in range(n)]
+    return [
+        functools.partial(SpaceEnv, kind, horizon=4, terminate_at=(2 + i if i % 2 == 0 else None), **kwargs)
+        for i in range(n)
+    ]
 
 
 def random_actions(space: gym.Space[Any], n_envs: int, steps: int, seed: int) -> list[np.ndarray]:
@@ -120,11 +125,14 @@ def run(venv: VecEnv, actions: list[np.ndarray], seed: int) -> list[Any]:
 
 
 # --------------------------------------------------------------------------- determinism and spaces
-@pytest.mark.parametrize(("backend", "kind"), [
-    *[(b, k) for b in DASK_BACKENDS for k in SPACE_KINDS],
-    ("subproc", "box"),  # SubprocVecEnv, SB3's own, as a check of the reference itself
-    ("subproc", "dict"),
-])
+@pytest.mark.parametrize(
+    ("backend", "kind"),
+    [
+        *[(b, k) for b in DASK_BACKENDS for k in SPACE_KINDS],
+        ("subproc", "box"),  # SubprocVecEnv, SB3's own, as a check of the reference itself
+        ("subproc", "dict"),
+    ],
+)
 def test_same_results_as_dummy(backend: str, kind: str, vec_factory: Any) -> None:
     """Same seeds and actions give exactly DummyVecEnv's obs, rewards, dones and infos."""
     ref = vec_factory("dummy", space_fns(kind))
@@ -142,8 +150,11 @@ def test_same_results_as_dummy(backend: str, kind: str, vec_factory: Any) -> Non
     for step in got[2:]:
         obs = step[0]
         for e in range(N_ENVS):
-            row = {k: v[e] for k, v in obs.items()} if isinstance(obs, dict) else (
-                tuple(v[e] for v in obs) if isinstance(obs, tuple) else obs[e])
+            row = (
+                {k: v[e] for k, v in obs.items()}
+                if isinstance(obs, dict)
+                else (tuple(v[e] for v in obs) if isinstance(obs, tuple) else obs[e])
+            )
             assert venv.observation_space.contains(row), (kind, row)
 
 
@@ -234,6 +245,7 @@ def test_step_convenience_and_returned_arrays_are_copies(backend: str, vec_facto
 # --------------------------------------------------------------------------- attributes and methods
 def wrapped_fns() -> list[Callable[[], gym.Env[Any, Any]]]:
     """Envs 0 and 2 wrapped in TimeLimit, 1 and 3 not."""
+
     def make(i: int) -> gym.Env[Any, Any]:
         env: gym.Env[Any, Any] = CountingEnv(horizon=10 + i)
         return gym.wrappers.TimeLimit(env, max_episode_steps=50) if i % 2 == 0 else env
@@ -342,8 +354,7 @@ def closing_fns(directory: Path, n: int = N_ENVS) -> list[Callable[[], gym.Env[A
                 f.write(f"{os.getpid()}\n")
             super().close()
 
-    return [functools.partial(ClosingEnv, i, horizon=4, terminate_at=(2 + i if i % 2 == 0 else None))
-            for i in range(n)]
+    return [functools.partial(ClosingEnv, i, horizon=4, terminate_at=(2 + i if i % 2 == 0 else None)) for i in range(n)]
 
 
 def env_closes(directory: Path, n: int = N_ENVS) -> list[int]:
@@ -464,8 +475,9 @@ def record_video(venv: VecEnv, directory: Path, length: int) -> list[np.ndarray]
     from stable_baselines3.common.vec_env import VecVideoRecorder
 
     venv.seed(5)
-    rec = VecVideoRecorder(venv, str(directory), record_video_trigger=lambda step: step == 0,
-                           video_length=length, name_prefix="clip")
+    rec = VecVideoRecorder(
+        venv, str(directory), record_video_trigger=lambda step: step == 0, video_length=length, name_prefix="clip"
+    )
     rec.reset()
     for step in range(length + 2):  # past the end of the clip: it is written once complete
         rec.step(np.full(N_ENVS, step % 2, dtype=np.int64))

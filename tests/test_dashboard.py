@@ -238,8 +238,7 @@ class Stepped:
 
         def arrived() -> bool:
             return all(
-                self.scheduler.workers[w].metrics.get("daskvec_steps") == k * self.n
-                for w, k in self.per_worker.items()
+                self.scheduler.workers[w].metrics.get("daskvec_steps") == k * self.n for w, k in self.per_worker.items()
             )
 
         wait_until(arrived, 30, "heartbeats with every step")
@@ -523,8 +522,9 @@ def test_env_error_and_restart_reach_heartbeat_page_and_prometheus(fresh: tuple[
         expected = {w: (1 if 0 in idx else 0) for w, idx in placement.items()}
 
         def arrived() -> bool:
-            return all(scheduler.workers[w].metrics.get("daskvec_steps") == len(idx) * FAIL_AT
-                       for w, idx in placement.items())
+            return all(
+                scheduler.workers[w].metrics.get("daskvec_steps") == len(idx) * FAIL_AT for w, idx in placement.items()
+            )
 
         wait_until(arrived, 30, "heartbeats with every step")
         # 1. the heartbeat brought them to the scheduler
@@ -567,8 +567,9 @@ def test_known_returns_and_step_times_reach_page_and_prometheus(fresh: tuple[Any
             env.step(np.zeros(N_ENVS, dtype=np.int64))
 
         def arrived() -> bool:
-            return all(scheduler.workers[w].metrics.get("daskvec_steps") == len(idx) * steps
-                       for w, idx in placement.items())
+            return all(
+                scheduler.workers[w].metrics.get("daskvec_steps") == len(idx) * steps for w, idx in placement.items()
+            )
 
         wait_until(arrived, 30, "heartbeats with every step")
 

@@ -193,10 +193,19 @@ class DevTools:
 def start_chromium(profile: Path) -> tuple[subprocess.Popen[bytes], int]:
     cmd = [
         shutil.which("chromium") or "chromium",
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check", "--hide-scrollbars",
-        "--remote-debugging-port=0", "--remote-allow-origins=*", f"--user-data-dir={profile}",
-        "--window-size=1400,1000", "about:blank",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--hide-scrollbars",
+        "--remote-debugging-port=0",
+        "--remote-allow-origins=*",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+        "about:blank",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     active = profile / "DevToolsActivePort"
@@ -259,9 +268,7 @@ def bar_rows(png: bytes) -> list[tuple[int, int, int]]:
 @pytest.mark.browser
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not have_chromium(), reason="Debian's chromium is not installed (CI installs it)")
-def test_browser_renders_per_worker_data(
-    port: int, client: Any, stepping: Stepper, tmp_path: Path
-) -> None:
+def test_browser_renders_per_worker_data(port: int, client: Any, stepping: Stepper, tmp_path: Path) -> None:
     workers = set(scheduler_workers(client))
     assert len(workers) == 2
 

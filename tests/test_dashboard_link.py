@@ -92,8 +92,9 @@ def run_with_base_dependencies(code: str, also_blocked: tuple[str, ...] = ()) ->
     """
     blocked = modules_outside(base_closure()) + list(also_blocked)
     script = _BLOCKER + textwrap.dedent(code)
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(blocked)], capture_output=True, text=True,
-                          timeout=240, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(blocked)], capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -132,15 +133,18 @@ def test_base_dependencies_serve_the_daskvec_page() -> None:
     assert out["status"] == 200 and out["bokeh_page"], out
     assert out["metrics"], "the scheduler's /metrics has no daskvec metrics (prometheus-client)"
     assert out["leaked"] == []
-    assert out["lines"] == [f"Dask dashboard: {out['daskvec'].rsplit('/', 1)[0]}/status",
-                            f"daskvec page: {out['daskvec']}"]
+    assert out["lines"] == [
+        f"Dask dashboard: {out['daskvec'].rsplit('/', 1)[0]}/status",
+        f"daskvec page: {out['daskvec']}",
+    ]
     # the embedded cluster's log line gives the same, checked, links
     assert f"daskvec page: {out['daskvec']}" in stderr
 
 
 @pytest.mark.timeout(300)
 def test_without_bokeh_no_dead_link() -> None:
-    out, _ = run_with_base_dependencies("""
+    out, _ = run_with_base_dependencies(
+        """
         import urllib.request
         from distributed import Client, LocalCluster
         from daskvec import DaskVecEnv, _dask  # must not need Bokeh
@@ -158,7 +162,9 @@ def test_without_bokeh_no_dead_link() -> None:
             fetched = check_dashboard(client)
         print(json.dumps({"raw": raw, "stub": stub, "lines": links.lines(), "status": links.status,
                           "fetched": fetched.lines()}))
-    """, also_blocked=("bokeh",))
+    """,
+        also_blocked=("bokeh",),
+    )
     assert "Dask needs bokeh" in out["stub"]  # what Dask's own link leads to: the issue's dead link
     assert out["status"] is None
     assert out["lines"] == out["fetched"] == [f"Dask dashboard: not available: {dashboard_link.NO_PAGES}"]
@@ -171,8 +177,14 @@ def no_dashboard() -> Iterator[Any]:
     """A real 1-worker-process ``LocalCluster`` whose scheduler's dashboard is off (its HTTP server is on)."""
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      scheduler_kwargs={"dashboard": False}, silence_logs=40) as cluster:
+    with LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",
+        scheduler_kwargs={"dashboard": False},
+        silence_logs=40,
+    ) as cluster:
         yield cluster
 
 
@@ -185,15 +197,32 @@ def dask_link_is_dead(link: str) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_train_prints_no_dead_link(no_dashboard: Any, capsys: pytest.CaptureFixture[str],
-                                   restore_daskvec_logger: None) -> None:
+def test_train_prints_no_dead_link(
+    no_dashboard: Any, capsys: pytest.CaptureFixture[str], restore_daskvec_logger: None
+) -> None:
     from distributed import Client
 
     with Client(no_dashboard, set_as_default=False) as c:
         assert dask_link_is_dead(c.dashboard_link)  # Dask gives a link all the same
-    code = cli.main(["train", "CartPole-v1", "--scheduler", no_dashboard.scheduler_address, "--n-envs", "2",
-                     "--timesteps", "64", "--eval-episodes", "0", "--no-progress",
-                     "--hyperparams", "n_steps=32", "batch_size=32", "n_epochs=1"])
+    code = cli.main(
+        [
+            "train",
+            "CartPole-v1",
+            "--scheduler",
+            no_dashboard.scheduler_address,
+            "--n-envs",
+            "2",
+            "--timesteps",
+            "64",
+            "--eval-episodes",
+            "0",
+            "--no-progress",
+            "--hyperparams",
+            "n_steps=32",
+            "batch_size=32",
+            "n_epochs=1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"Dask dashboard: not available: {dashboard_link.NO_PAGES}" in out

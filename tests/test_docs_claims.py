@@ -44,15 +44,22 @@ def texts() -> dict[str, str]:
 
 def test_readme_table_is_the_committed_run() -> None:
     readme = (ROOT / "README.md").read_text()
-    rows = {"light-8": "light: CartPole-v1, 8 envs (env-steps/s)", "light-64": "light: CartPole-v1, 64 envs",
-            "images-16": "images: 84x84x3 uint8, 16 envs"}
+    rows = {
+        "light-8": "light: CartPole-v1, 8 envs (env-steps/s)",
+        "light-64": "light: CartPole-v1, 64 envs",
+        "images-16": "images: 84x84x3 uint8, 16 envs",
+    }
     for case, label in rows.items():
-        row = (f"| {label} | {steps(case, 'dummy')} | {steps(case, 'subproc')} | {steps(case, 'async')} | "
-               f"**{steps(case, 'dask')}** | **{ratio(case)}** |")
+        row = (
+            f"| {label} | {steps(case, 'dummy')} | {steps(case, 'subproc')} | {steps(case, 'async')} | "
+            f"**{steps(case, 'dask')}** | **{ratio(case)}** |"
+        )
         assert row in readme, row
     heavy = CASES["heavy-8"]["dask"]
-    assert f"**{steps('heavy-8', 'dask')}** ({heavy['fraction_of_ideal']:.2f} of ideal) | **{ratio('heavy-8', 2)}** |" \
+    assert (
+        f"**{steps('heavy-8', 'dask')}** ({heavy['fraction_of_ideal']:.2f} of ideal) | **{ratio('heavy-8', 2)}** |"
         in readme
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,8 +69,13 @@ def test_readme_table_is_the_committed_run() -> None:
         ("notebooks/quickstart.ipynb", lambda: f"with 64 envs {ratio('light-64')}"),
         ("notebooks/quickstart.ipynb", lambda: f"images {ratio('images-16')}"),
         ("notebooks/quickstart.ipynb", lambda: f"1 ms of CPU per step {ratio('heavy-8', 2)}"),
-        ("README.md", lambda: f"8 CartPole envs ({steps('light-8', 'dummy')} against DaskVecEnv's\n"
-                              f"{steps('light-8', 'dask')} env-steps/s)"),
+        (
+            "README.md",
+            lambda: (
+                f"8 CartPole envs ({steps('light-8', 'dummy')} against DaskVecEnv's\n"
+                f"{steps('light-8', 'dask')} env-steps/s)"
+            ),
+        ),
         ("README.md", lambda: f"({steps('light-64', 'dummy')} and {steps('light-64', 'dask')})"),
         ("docs/hpc.md", lambda: f"stepped {steps('light-64', 'dask')} env-steps/s against {steps('light-8', 'dask')}"),
     ],

@@ -29,8 +29,6 @@ from daskvec.protocol import INFO_KEY, GroupSpec
 TRANSPORTS = ["direct", "actor"]
 
 
-
-
 @pytest.fixture(scope="module")
 def worker_addresses(dclient: Any) -> list[str]:
     return sorted(scheduler_workers(dclient))
@@ -42,8 +40,9 @@ def counting(n: int = 4, **kwargs: Any) -> list[Any]:
 
 # --------------------------------------------------------------------------- remote env errors
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_env_exception_keeps_type_index_worker_traceback(transport: str, dclient: Any,
-                                                         worker_addresses: list[str]) -> None:
+def test_env_exception_keeps_type_index_worker_traceback(
+    transport: str, dclient: Any, worker_addresses: list[str]
+) -> None:
     fns = [functools.partial(BrokenStepEnv, horizon=50, fail_at=3 if i == 2 else None) for i in range(4)]
     with DaskVecEnv(fns, client=dclient, transport=transport, envs_per_actor=2) as venv:
         venv.reset()
@@ -79,8 +78,10 @@ def test_builtin_exception_from_step_and_reset(transport: str, dclient: Any) -> 
         env.reset = lambda **kw: (_ for _ in ()).throw(KeyError("no reset today"))  # type: ignore[method-assign]
         return env
 
-    with DaskVecEnv([SpaceEnv, bad_reset_env], client=dclient, transport=transport) as venv, \
-            pytest.raises(KeyError, match="no reset today") as info:
+    with (
+        DaskVecEnv([SpaceEnv, bad_reset_env], client=dclient, transport=transport) as venv,
+        pytest.raises(KeyError, match="no reset today") as info,
+    ):
         venv.reset()
     assert info.value.env_index == 1  # type: ignore[attr-defined]
 
@@ -139,8 +140,11 @@ def test_factories_returning_the_same_instance(dclient: Any, worker_addresses: l
 
 def test_envs_with_different_spaces(dclient: Any) -> None:
     with pytest.raises(ValueError, match="spaces") as info:
-        DaskVecEnv([functools.partial(SpaceEnv, "box"), functools.partial(SpaceEnv, "discrete")], client=dclient,
-                   envs_per_actor=1)
+        DaskVecEnv(
+            [functools.partial(SpaceEnv, "box"), functools.partial(SpaceEnv, "discrete")],
+            client=dclient,
+            envs_per_actor=1,
+        )
     assert "env 1" in str(info.value)
 
 
@@ -174,9 +178,17 @@ def test_unreachable_scheduler_fails_within_the_timeout() -> None:
 
 
 def test_bad_options(dclient: Any) -> None:
-    for kwargs in ({"transport": "carrier-pigeon"}, {"envs_per_actor": 0}, {"timeout": 0},
-                   {"on_worker_lost": "ignore"}, {"on_env_error": "ignore"}, {"max_restarts": -1},
-                   {"busy_poll": -1}, {"busy_poll": 5.0}, {"busy_poll": "fast"}):
+    for kwargs in (
+        {"transport": "carrier-pigeon"},
+        {"envs_per_actor": 0},
+        {"timeout": 0},
+        {"on_worker_lost": "ignore"},
+        {"on_env_error": "ignore"},
+        {"max_restarts": -1},
+        {"busy_poll": -1},
+        {"busy_poll": 5.0},
+        {"busy_poll": "fast"},
+    ):
         name = next(iter(kwargs))
         with pytest.raises(ValueError, match=name):
             DaskVecEnv(counting(2), client=dclient, **kwargs)
@@ -208,10 +220,16 @@ def test_call_order_errors(transport: str, dclient: Any) -> None:
             venv.step_wait()
     finally:
         venv.close()
-    for call in (venv.reset, lambda: venv.step(np.zeros(4, dtype=np.int64)),
-                 lambda: venv.step_async(np.zeros(4, dtype=np.int64)), venv.step_wait,
-                 lambda: venv.get_attr("horizon"), lambda: venv.set_attr("horizon", 1),
-                 lambda: venv.env_method("double", 1), venv.get_images):
+    for call in (
+        venv.reset,
+        lambda: venv.step(np.zeros(4, dtype=np.int64)),
+        lambda: venv.step_async(np.zeros(4, dtype=np.int64)),
+        venv.step_wait,
+        lambda: venv.get_attr("horizon"),
+        lambda: venv.set_attr("horizon", 1),
+        lambda: venv.env_method("double", 1),
+        venv.get_images,
+    ):
         with pytest.raises(ClosedEnvError):
             call()
     assert issubclass(ClosedEnvError, DaskVecEnvError)
@@ -387,8 +405,14 @@ def test_interrupted_step_wait_keeps_a_group_lost_before(dclient: Any, tmp_path:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_timeout_bounds_attribute_calls(transport: str, dclient: Any, worker_addresses: list[str]) -> None:
-    venv = DaskVecEnv([functools.partial(SlowAttrEnv, delay=6.0)], client=dclient, transport=transport,
-                      workers=worker_addresses[1:], timeout=1.0, on_worker_lost="raise")
+    venv = DaskVecEnv(
+        [functools.partial(SlowAttrEnv, delay=6.0)],
+        client=dclient,
+        transport=transport,
+        workers=worker_addresses[1:],
+        timeout=1.0,
+        on_worker_lost="raise",
+    )
     try:
         with pytest.raises(StepTimeoutError) as info:
             venv.get_attr("slow")
@@ -400,9 +424,16 @@ def test_timeout_bounds_attribute_calls(transport: str, dclient: Any, worker_add
 
 @pytest.mark.timeout(120)
 def test_step_timeout_bounds_step_wait(dclient: Any, worker_addresses: list[str]) -> None:
-    venv = DaskVecEnv([functools.partial(SlowAttrEnv, step_delay=6.0), CountingEnv], client=dclient,
-                      transport="direct", workers=worker_addresses[1:], envs_per_actor=1, timeout=30,
-                      step_timeout=1.0, on_worker_lost="raise")
+    venv = DaskVecEnv(
+        [functools.partial(SlowAttrEnv, step_delay=6.0), CountingEnv],
+        client=dclient,
+        transport="direct",
+        workers=worker_addresses[1:],
+        envs_per_actor=1,
+        timeout=30,
+        step_timeout=1.0,
+        on_worker_lost="raise",
+    )
     try:
         venv.reset()
         venv.step_async(np.zeros(2, dtype=np.int64))
@@ -420,8 +451,13 @@ def test_timeout_with_restart_policy_does_not_hang(dclient: Any) -> None:
     The rebuilt env hangs again on the same call, so the call finally fails with a
     daskvec error; what matters is that every wait was bounded by ``timeout``.
     """
-    venv = DaskVecEnv([functools.partial(SlowAttrEnv, delay=3.0), CountingEnv], client=dclient, envs_per_actor=1,
-                      timeout=1.0, worker_wait_timeout=5.0)
+    venv = DaskVecEnv(
+        [functools.partial(SlowAttrEnv, delay=3.0), CountingEnv],
+        client=dclient,
+        envs_per_actor=1,
+        timeout=1.0,
+        worker_wait_timeout=5.0,
+    )
     try:
         with pytest.raises(WorkerLostError):
             venv.get_attr("slow", indices=0)
@@ -452,8 +488,9 @@ def test_warns_once_per_worker_that_profiles_on_python_311(dclient: Any, caplog:
     # Dask's default: the profiler on
     with (
         dask.config.set({"distributed.worker.profile.enabled": True}),
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                     silence_logs=40) as cluster,
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40
+        ) as cluster,
         Client(cluster, set_as_default=False) as client,
         DaskVecEnv(counting(2), client=client, envs_per_actor=1, timeout=60) as env,
     ):

@@ -200,8 +200,13 @@ def test_sigkill_worker_during_ppo_learn(procs: DaskProcesses) -> None:
 def test_lost_envs_get_reward_zero_and_the_documented_seed(procs: DaskProcesses, user_seed: int | None) -> None:
     """Envs lost with their worker, twice: reward 0 in the truncation row, reseeded as documented each time."""
     ensure_workers(procs, 3)
-    with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, envs_per_actor=2,
-                    timeout=60, worker_wait_timeout=60) as env:
+    with DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=1000)] * 4,
+        client=procs.address,
+        envs_per_actor=2,
+        timeout=60,
+        worker_wait_timeout=60,
+    ) as env:
         if user_seed is not None:
             env.seed(user_seed)
         env.reset()
@@ -317,8 +322,7 @@ def test_env_raising_on_its_50th_step(client2: Any, policy: str) -> None:
 def test_env_rebuilt_after_errors_gets_the_documented_seeds(client2: Any, user_seed: int | None) -> None:
     """Env 1 raises on its 3rd step, and so does each rebuilt env 1: two restarts, two documented seeds."""
     fns = [functools.partial(CountingEnv, horizon=1000, fail_at=3 if i == 1 else None) for i in range(4)]
-    with DaskVecEnv(fns, client=client2, envs_per_actor=2, on_env_error="restart", max_restarts=2,
-                    timeout=60) as env:
+    with DaskVecEnv(fns, client=client2, envs_per_actor=2, on_env_error="restart", max_restarts=2, timeout=60) as env:
         if user_seed is not None:
             env.seed(user_seed)
         env.reset()
@@ -347,11 +351,13 @@ def test_localcluster_scale_down_while_stepping() -> None:
     from distributed import Client, LocalCluster
 
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                     silence_logs=50) as cluster,
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50
+        ) as cluster,
         Client(cluster, set_as_default=False) as client,
-        DaskVecEnv([functools.partial(CountingEnv, horizon=25)] * 6, client=client, timeout=60,
-                   worker_wait_timeout=60) as env,
+        DaskVecEnv(
+            [functools.partial(CountingEnv, horizon=25)] * 6, client=client, timeout=60, worker_wait_timeout=60
+        ) as env,
     ):
         env.reset()
         actions = np.zeros(6, dtype=np.int64)
@@ -407,8 +413,10 @@ def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> Non
             assert to_close(2) == [idle]
 
     # every worker holds envs: the plugin leaves the choice to the scheduler
-    with Client(procs.address, set_as_default=False) as client, \
-            DaskVecEnv([cartpole] * 3, client=client, timeout=60) as env:
+    with (
+        Client(procs.address, set_as_default=False) as client,
+        DaskVecEnv([cartpole] * 3, client=client, timeout=60) as env,
+    ):
         assert len({g["worker"] for g in env.groups}) == 3
         assert len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=1))) == 1
 
@@ -417,8 +425,9 @@ def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> Non
 @pytest.mark.timeout(180)
 def test_rebalance_onto_a_new_worker(procs: DaskProcesses) -> None:
     ensure_workers(procs, 2)
-    with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 6, client=procs.address, envs_per_actor=1,
-                    timeout=60) as env:
+    with DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=1000)] * 6, client=procs.address, envs_per_actor=1, timeout=60
+    ) as env:
         env.reset()
         actions = np.ones(6, dtype=np.int64)
         for _ in range(3):
@@ -455,8 +464,13 @@ def test_rebalance_onto_a_new_worker(procs: DaskProcesses) -> None:
 @pytest.mark.timeout(180)
 def test_auto_rebalance_splits_a_group(procs: DaskProcesses) -> None:
     ensure_workers(procs, 2)
-    with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, timeout=60,
-                    auto_rebalance=True, rebalance_interval=0.2) as env:
+    with DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=1000)] * 4,
+        client=procs.address,
+        timeout=60,
+        auto_rebalance=True,
+        rebalance_interval=0.2,
+    ) as env:
         env.reset()
         actions = np.ones(4, dtype=np.int64)
         procs.add_worker()
@@ -485,8 +499,9 @@ def test_frozen_worker_costs_one_placement_timeout(procs: DaskProcesses) -> None
     import signal
 
     ensure_workers(procs, 3)
-    env = DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, envs_per_actor=2,
-                     timeout=10)
+    env = DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, envs_per_actor=2, timeout=10
+    )
     frozen = None
     try:
         held = group_pids(env)
@@ -530,10 +545,19 @@ def test_frozen_env_under_step_timeout(
 ) -> None:
     ensure_workers(procs, 2)
     flag = str(tmp_path / "frozen")
-    fns = [functools.partial(FreezingEnv, flag) if i == 0 else functools.partial(CountingEnv, horizon=1000)
-           for i in range(4)]
-    env = DaskVecEnv(fns, client=procs.address, transport=transport, step_timeout=3.0, timeout=60,
-                     on_worker_lost=policy, env_process=env_process)
+    fns = [
+        functools.partial(FreezingEnv, flag) if i == 0 else functools.partial(CountingEnv, horizon=1000)
+        for i in range(4)
+    ]
+    env = DaskVecEnv(
+        fns,
+        client=procs.address,
+        transport=transport,
+        step_timeout=3.0,
+        timeout=60,
+        on_worker_lost=policy,
+        env_process=env_process,
+    )
     frozen_pid = next(pid for pid, envs in group_pids(env).items() if 0 in envs)
     (frozen_env_pid,) = [g["env_pid"] for g in env.groups if 0 in g["envs"]]
     try:
@@ -578,8 +602,13 @@ def test_frozen_env_under_step_timeout(
 def env_process_vec(procs: DaskProcesses, envs_per_actor: int) -> DaskVecEnv:
     """4 CountingEnvs with ``env_process=True`` over 2 worker processes."""
     ensure_workers(procs, 2)
-    return DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address,
-                      envs_per_actor=envs_per_actor, timeout=60, env_process=True)
+    return DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=1000)] * 4,
+        client=procs.address,
+        envs_per_actor=envs_per_actor,
+        timeout=60,
+        env_process=True,
+    )
 
 
 @pytest.mark.timeout(180)
@@ -647,8 +676,9 @@ def test_soak_workers_killed_and_replaced(procs: DaskProcesses) -> None:
     ensure_workers(procs, 3)
     n_envs, n_steps, kill_every = 4, 20_000, 4.0
     # two groups of two on three workers: a kill moves a group to the spare worker or a survivor
-    with DaskVecEnv([cartpole] * n_envs, client=procs.address, envs_per_actor=2, timeout=60, step_timeout=30,
-                    worker_wait_timeout=60) as env:
+    with DaskVecEnv(
+        [cartpole] * n_envs, client=procs.address, envs_per_actor=2, timeout=60, step_timeout=30, worker_wait_timeout=60
+    ) as env:
         env.seed(0)
         env.reset()
         rng = np.random.default_rng(0)
@@ -715,8 +745,9 @@ def test_envs_leave_a_worker_before_its_lifetime_ends(procs: DaskProcesses) -> N
     leaving = procs.add_worker("--lifetime", "600s")  # due to leave within migrate_before
     procs.wait_for_workers(2)
     try:
-        with DaskVecEnv([functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, timeout=60,
-                        migrate_before=900) as env:
+        with DaskVecEnv(
+            [functools.partial(CountingEnv, horizon=1000)] * 4, client=procs.address, timeout=60, migrate_before=900
+        ) as env:
             on_leaving = sorted(group_pids(env).get(leaving.pid, []))
             assert on_leaving, "expected a group on the worker with a lifetime"
             env.reset()
@@ -844,8 +875,15 @@ def test_group_abandoned_on_a_frozen_worker_is_released_when_it_resumes(
     with Client(procs.address, set_as_default=False, timeout=60) as client:
         probe = footprint_probe(dask_ports(client))
         baseline = client.run(probe)
-        env = DaskVecEnv([functools.partial(TrackedEnv, str(envs_dir))] * 4, client=procs.address, envs_per_actor=2,
-                         step_timeout=3.0, timeout=60, on_worker_lost="restart", env_process=env_process)
+        env = DaskVecEnv(
+            [functools.partial(TrackedEnv, str(envs_dir))] * 4,
+            client=procs.address,
+            envs_per_actor=2,
+            step_timeout=3.0,
+            timeout=60,
+            on_worker_lost="restart",
+            env_process=env_process,
+        )
         try:
             (frozen,) = [g for g in env.groups if 0 in g["envs"]]
             assert len({g["worker"] for g in env.groups}) == 2
@@ -865,8 +903,9 @@ def test_group_abandoned_on_a_frozen_worker_is_released_when_it_resumes(
             m = markers(infos)
             assert sorted(m) == frozen["envs"] and all(m[i]["reason"] == "timeout" and dones[i] for i in m)
             assert frozen["worker"] not in {g["worker"] for g in env.groups}
-            wait_for_footprint(client, probe, {frozen["worker"]: baseline[frozen["worker"]]},
-                               "the frozen worker resumed")
+            wait_for_footprint(
+                client, probe, {frozen["worker"]: baseline[frozen["worker"]]}, "the frozen worker resumed"
+            )
             assert frozen["env_pid"] not in open_envs(envs_dir), "the abandoned group's envs are still open"
             env.step(actions)  # the env steps on, with its envs on the other worker
             assert_layout_intact(env)
@@ -888,8 +927,12 @@ def test_close_leaves_nothing_on_the_workers(dask_processes: Any, tmp_path: Path
     with Client(procs.address, set_as_default=False, timeout=60) as client:
         probe = footprint_probe(dask_ports(client))
         baseline = client.run(probe)
-        with DaskVecEnv([functools.partial(TrackedEnv, str(envs_dir))] * 4, client=procs.address, timeout=60,
-                        env_process=env_process) as env:
+        with DaskVecEnv(
+            [functools.partial(TrackedEnv, str(envs_dir))] * 4,
+            client=procs.address,
+            timeout=60,
+            env_process=env_process,
+        ) as env:
             env.reset()
             for _ in range(3):
                 env.step(np.zeros(4, dtype=np.int64))

@@ -97,8 +97,12 @@ def test_plan_short_walltime() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"n_envs": 0}, {"n_envs": 4, "envs_per_worker": 0}, {"n_envs": 4, "processes_per_job": 1.5},
-     {"n_envs": 4, "memory_per_worker": 0}],
+    [
+        {"n_envs": 0},
+        {"n_envs": 4, "envs_per_worker": 0},
+        {"n_envs": 4, "processes_per_job": 1.5},
+        {"n_envs": 4, "memory_per_worker": 0},
+    ],
 )
 def test_plan_rejects(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
@@ -108,16 +112,27 @@ def test_plan_rejects(kwargs: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- job scripts
 # class name -> (extra kwargs, directive prefix, walltime line, cores line)
 BACKENDS: dict[str, tuple[dict[str, Any], str, str | None, str]] = {
-    "SLURMCluster": ({"queue": "debug", "walltime": "02:00:00"}, "#SBATCH", "#SBATCH -t 02:00:00",
-                     "#SBATCH --cpus-per-task=4"),
-    "PBSCluster": ({"queue": "batch", "walltime": "02:00:00"}, "#PBS", "#PBS -l walltime=02:00:00",
-                   "#PBS -l select=1:ncpus=4"),
+    "SLURMCluster": (
+        {"queue": "debug", "walltime": "02:00:00"},
+        "#SBATCH",
+        "#SBATCH -t 02:00:00",
+        "#SBATCH --cpus-per-task=4",
+    ),
+    "PBSCluster": (
+        {"queue": "batch", "walltime": "02:00:00"},
+        "#PBS",
+        "#PBS -l walltime=02:00:00",
+        "#PBS -l select=1:ncpus=4",
+    ),
     "SGECluster": ({"queue": "all.q", "walltime": "02:00:00"}, "#$", "#$ -l h_rt=02:00:00", "#$ -q all.q"),
     "LSFCluster": ({"queue": "normal", "walltime": "02:00"}, "#BSUB", "#BSUB -W 02:00", "#BSUB -n 4"),
-    "OARCluster": ({"queue": "default", "walltime": "02:00:00", "memory_per_core_property_name": "memcore"},
-                   "#OAR", "walltime=02:00:00", "core=4"),
-    "MoabCluster": ({"queue": "batch", "walltime": "02:00:00"}, "#PBS", "#PBS -l walltime=02:00:00",
-                    "ncpus=4"),
+    "OARCluster": (
+        {"queue": "default", "walltime": "02:00:00", "memory_per_core_property_name": "memcore"},
+        "#OAR",
+        "walltime=02:00:00",
+        "core=4",
+    ),
+    "MoabCluster": ({"queue": "batch", "walltime": "02:00:00"}, "#PBS", "#PBS -l walltime=02:00:00", "ncpus=4"),
     "HTCondorCluster": ({"disk": "1GB"}, "RequestCpus", None, "RequestCpus = MY.DaskWorkerCores"),
 }
 
@@ -133,8 +148,15 @@ def test_job_script_of_each_backend(backend: str, tmp_path: Path) -> None:
     cls = getattr(dask_jobqueue, backend)
     extra, directive, walltime_line, cores_line = BACKENDS[backend]
     cluster, plan = cluster_for_envs(
-        cls, 16, envs_per_worker=2, processes_per_job=4, memory_per_worker="1GiB", scaling="none",
-        scheduler_options=SCHEDULER, log_directory=str(tmp_path), **extra,
+        cls,
+        16,
+        envs_per_worker=2,
+        processes_per_job=4,
+        memory_per_worker="1GiB",
+        scaling="none",
+        scheduler_options=SCHEDULER,
+        log_directory=str(tmp_path),
+        **extra,
     )
     try:
         script = cluster.job_script()
@@ -165,8 +187,13 @@ def test_job_script_of_each_backend(backend: str, tmp_path: Path) -> None:
 
 def test_user_worker_args_win(tmp_path: Path) -> None:
     cluster, _ = cluster_for_envs(
-        dask_jobqueue.SLURMCluster, 2, walltime="01:00:00", scaling="none", scheduler_options=SCHEDULER,
-        log_directory=str(tmp_path), worker_extra_args=["--lifetime", "20s", "--resources", "gpu=1"],
+        dask_jobqueue.SLURMCluster,
+        2,
+        walltime="01:00:00",
+        scaling="none",
+        scheduler_options=SCHEDULER,
+        log_directory=str(tmp_path),
+        worker_extra_args=["--lifetime", "20s", "--resources", "gpu=1"],
     )
     try:
         command = cluster.job_script().splitlines()[-1]
@@ -181,8 +208,13 @@ def test_user_worker_args_win(tmp_path: Path) -> None:
 def test_workers_start_without_the_profiler_unless_the_prologue_says_otherwise(tmp_path: Path) -> None:
     def lines(**kwargs: object) -> list[str]:
         cluster, _ = cluster_for_envs(
-            dask_jobqueue.SLURMCluster, 2, walltime="01:00:00", scaling="none", scheduler_options=SCHEDULER,
-            log_directory=str(tmp_path), **kwargs,
+            dask_jobqueue.SLURMCluster,
+            2,
+            walltime="01:00:00",
+            scaling="none",
+            scheduler_options=SCHEDULER,
+            log_directory=str(tmp_path),
+            **kwargs,
         )
         try:
             return cluster.job_script().splitlines()
@@ -217,14 +249,24 @@ def test_local_jobs_hold_envs(tmp_path: Path) -> None:
     from daskvec import DaskVecEnv
 
     cluster, plan = cluster_for_envs(
-        JobsOnThisMachine, 4, envs_per_worker=2, processes_per_job=1, memory_per_worker="1GiB",
-        scaling="fixed", wait=120, scheduler_options=SCHEDULER, python=sys.executable,
-        local_directory=str(tmp_path), worker_extra_args=["--no-dashboard"], nanny=False,
+        JobsOnThisMachine,
+        4,
+        envs_per_worker=2,
+        processes_per_job=1,
+        memory_per_worker="1GiB",
+        scaling="fixed",
+        wait=120,
+        scheduler_options=SCHEDULER,
+        python=sys.executable,
+        local_directory=str(tmp_path),
+        worker_extra_args=["--no-dashboard"],
+        nanny=False,
     )
     try:
         assert plan.jobs == 2
-        env = DaskVecEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], client=cluster, timeout=60,
-                         **plan.vec_env_kwargs())
+        env = DaskVecEnv(
+            [lambda: gym.make("CartPole-v1") for _ in range(4)], client=cluster, timeout=60, **plan.vec_env_kwargs()
+        )
         try:
             info = scheduler_workers(env.client)
             assert all(w["resources"] == {DEFAULT_RESOURCE: 2} for w in info.values())

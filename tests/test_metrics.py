@@ -33,8 +33,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
     import time
 
     fake = FakeClock()
-    monkeypatch.setattr(metrics, "time", types.SimpleNamespace(monotonic=fake, perf_counter=time.perf_counter,
-                                                               time=time.time))
+    monkeypatch.setattr(
+        metrics, "time", types.SimpleNamespace(monotonic=fake, perf_counter=time.perf_counter, time=time.time)
+    )
     monkeypatch.setattr(metrics, "_groups", weakref.WeakSet())
     monkeypatch.setattr(metrics, "_retired", {"steps": 0.0, "episodes": 0.0, "errors": 0.0, "restarts": 0.0})
     monkeypatch.setattr(metrics, "_summary_cache", None)

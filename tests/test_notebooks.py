@@ -58,8 +58,9 @@ def test_notebooks_are_stripped(path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    nb = run_notebook("quickstart.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, ppo_n_steps=256,
-                      bench_steps=60, workers=2)
+    nb = run_notebook(
+        "quickstart.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, ppo_n_steps=256, bench_steps=60, workers=2
+    )
     text = text_of(nb)
     assert "Dask dashboard: http" in text
     assert "daskvec page: http" in text and "/daskvec" in text  # checked with the scheduler
@@ -89,8 +90,7 @@ def test_hpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reason = slurm_skip_reason()
     if reason:
         pytest.skip(reason)
-    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug",
-                      walltime="00:10:00")
+    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug", walltime="00:10:00")
     text = text_of(nb)
     assert "#PBS -l walltime=04:00:00" in text
     assert "#SBATCH -t 00:10:00" in text

@@ -106,8 +106,14 @@ def test_groups_of_a_killed_client_are_released(dask_processes: Any, tmp_path: A
     procs = dask_processes(2)
     script = tmp_path / "client.py"
     script.write_text(_CLIENT_SCRIPT)
-    user = subprocess.Popen([sys.executable, str(script), procs.address, where], cwd=tmp_path, env=procs.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    user = subprocess.Popen(
+        [sys.executable, str(script), procs.address, where],
+        cwd=tmp_path,
+        env=procs.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert user.stdout is not None
         assert user.stdout.readline().strip() == "ready"

@@ -26,10 +26,6 @@ sb3_contrib = pytest.importorskip("sb3_contrib", reason="sb3-contrib is not inst
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-
-
-
-
 @pytest.fixture
 def sends(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the requests sent to env groups from this process, over either channel."""
@@ -182,8 +178,7 @@ def test_metrics_count_a_lost_worker(dask_processes: Any, tmp_path: Path) -> Non
             return True
 
     with env:
-        model = sb3_contrib.MaskablePPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32,
-                                        n_epochs=1)
+        model = sb3_contrib.MaskablePPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32, n_epochs=1)
         model.set_logger(configure(str(tmp_path), ["csv"]))
         model.learn(4 * 16 * 3, callback=[KillAfterFirstRollout(), DaskVecEnvMetrics()])
         log = list(env.restart_log)
@@ -199,11 +194,19 @@ def test_metrics_count_a_lost_worker(dask_processes: Any, tmp_path: Path) -> Non
 def test_metrics_with_tensorboard_log_and_progress_bar(dclient: Any, tmp_path: Path) -> None:
     """``tensorboard_log=`` and ``progress_bar=True``, the DaskVecEnv under VecNormalize: the scalars are written."""
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                                    vec_env_kwargs={"client": dclient}))
+    env = VecNormalize(
+        make_vec_env(
+            "CartPole-v1",
+            n_envs=4,
+            seed=0,
+            vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+            vec_env_kwargs={"client": dclient},
+        )
+    )
     try:
-        model = PPO("MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32, n_epochs=1,
-                    tensorboard_log=str(tmp_path))
+        model = PPO(
+            "MlpPolicy", env, device="cpu", seed=0, n_steps=16, batch_size=32, n_epochs=1, tensorboard_log=str(tmp_path)
+        )
         model.learn(128, callback=DaskVecEnvMetrics(), progress_bar=True)
     finally:
         env.close()
@@ -245,8 +248,17 @@ def test_restart_tally_counts_reasons_and_lost_workers() -> None:
 def test_timing_and_layout_figures() -> None:
     """100 vec-steps of 8 envs in 2 s: 0.1 s on the client, 0.05 s in transit, 0.05 s in the envs."""
     fig = timing_figures(_Mark(10.0, 50, 1.0, 1.0, 1.0), _Mark(12.0, 150, 1.1, 1.05, 1.05), num_envs=8)
-    assert fig == pytest.approx({"env_steps_per_s": 400.0, "step_client_ms": 1.0, "step_transit_ms": 0.5,
-                                 "step_env_ms": 0.5, "share_client": 0.5, "share_transit": 0.25, "share_env": 0.25})
+    assert fig == pytest.approx(
+        {
+            "env_steps_per_s": 400.0,
+            "step_client_ms": 1.0,
+            "step_transit_ms": 0.5,
+            "step_env_ms": 0.5,
+            "share_client": 0.5,
+            "share_transit": 0.25,
+            "share_env": 0.25,
+        }
+    )
     idle = timing_figures(_Mark(1.0, 5, 0, 0, 0), _Mark(2.0, 5, 0, 0, 0), num_envs=8)
     assert set(idle.values()) == {0.0}
     groups = [{"worker": "a", "envs": [0, 1]}, {"worker": "a", "envs": [2]}, {"worker": "b", "envs": [3]}]
@@ -259,8 +271,13 @@ def test_contrib_algorithms_train_on_dask_vec_env(algo: str, dclient: Any) -> No
     cls = getattr(sb3_contrib, algo)
     policy = "MlpLstmPolicy" if algo == "RecurrentPPO" else "MlpPolicy"
     kwargs: dict[str, Any] = {"n_steps": 16, "batch_size": 32} if algo == "RecurrentPPO" else {"n_steps": 32}
-    env = make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                       vec_env_kwargs={"client": dclient, "envs_per_actor": 2})
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=4,
+        seed=0,
+        vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+        vec_env_kwargs={"client": dclient, "envs_per_actor": 2},
+    )
     try:
         model = cls(policy, env, device="cpu", seed=0, **kwargs)
         model.learn(256)
@@ -277,8 +294,9 @@ def test_maskable_ppo_one_round_trip_per_group_per_step(cache: bool, dclient: An
     n_envs, n_steps, total = 4, 16, 256
     env = DaskVecEnv([MaskedEnv] * n_envs, client=dclient, envs_per_actor=2, cache_action_masks=cache)
     try:
-        model = sb3_contrib.MaskablePPO("MlpPolicy", env, device="cpu", seed=0, n_steps=n_steps, batch_size=32,
-                                        n_epochs=1)
+        model = sb3_contrib.MaskablePPO(
+            "MlpPolicy", env, device="cpu", seed=0, n_steps=n_steps, batch_size=32, n_epochs=1
+        )
         groups = len(env.groups)
         sends["n"] = 0
         model.learn(total)

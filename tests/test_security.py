@@ -301,9 +301,7 @@ def test_a_factory_that_ends_its_process_is_named_after_one_retry() -> None:
 
 
 @pytest.mark.parametrize(("transport", "kind"), [("auto", "actor"), ("direct", "actor"), ("direct-insecure", "direct")])
-def test_a_secured_worker_joining_a_plain_looking_cluster_gets_no_plaintext_unasked(
-    transport: str, kind: str
-) -> None:
+def test_a_secured_worker_joining_a_plain_looking_cluster_gets_no_plaintext_unasked(transport: str, kind: str) -> None:
     """The pool's choice per group: a ``tls://`` worker gets actor calls unless plaintext was asked for."""
     from daskvec.pool import GroupPool
     from daskvec.protocol import GroupDesc

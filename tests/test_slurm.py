@@ -90,9 +90,17 @@ def slurm_cluster(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
     tmp = tmp_path_factory.mktemp("slurm")
     cluster, plan = cluster_for_envs(
-        SLURMCluster, 4, envs_per_worker=2, memory_per_worker="1GB", queue="debug", walltime="00:10:00",
-        python=sys.executable, scheduler_options=SCHEDULER, log_directory=str(tmp / "logs"),
-        local_directory=str(tmp / "work"), wait=120,
+        SLURMCluster,
+        4,
+        envs_per_worker=2,
+        memory_per_worker="1GB",
+        queue="debug",
+        walltime="00:10:00",
+        python=sys.executable,
+        scheduler_options=SCHEDULER,
+        log_directory=str(tmp / "logs"),
+        local_directory=str(tmp / "work"),
+        wait=120,
     )
     try:
         yield cluster, plan
@@ -136,7 +144,6 @@ class TestTwoJobs:
         # DaskVecEnv does not close a cluster it did not create: the jobs still run
         assert set(squeue_states(jobs).values()) == {"RUNNING"}
 
-
     @pytest.mark.timeout(240)
     def test_ppo_survives_scancel_and_cluster_replaces_job(self, slurm_cluster: tuple[Any, Any]) -> None:
         from distributed import Client
@@ -163,8 +170,9 @@ class TestTwoJobs:
                         events["cancelled_at"] = self.num_timesteps
                     for i, info in enumerate(self.locals["infos"]):
                         if "daskvec" in info:
-                            events.setdefault("truncated", []).append((i, bool(self.locals["dones"][i]),
-                                                                       info.get("TimeLimit.truncated")))
+                            events.setdefault("truncated", []).append(
+                                (i, bool(self.locals["dones"][i]), info.get("TimeLimit.truncated"))
+                            )
                     return True
 
             model = PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=2, seed=0, device="cpu")
@@ -204,13 +212,24 @@ def test_envs_leave_a_worker_before_its_lifetime(slurm: None, tmp_path: Path) ->
     # start (10-25 s on a loaded CI machine) before the first worker's envs must move.
     lifetime = 60
     migrate_before = 10.0
-    plan = plan_jobs(2, envs_per_worker=2, memory_per_worker="1GB", walltime="00:02:00",
-                     lifetime_margin=120 - lifetime, lifetime_stagger=0)
+    plan = plan_jobs(
+        2,
+        envs_per_worker=2,
+        memory_per_worker="1GB",
+        walltime="00:02:00",
+        lifetime_margin=120 - lifetime,
+        lifetime_stagger=0,
+    )
     assert plan.lifetime_s == lifetime
     assert "--lifetime" in plan.worker_extra_args()
     cluster = SLURMCluster(
-        **plan.cluster_kwargs(), queue="debug", walltime="00:02:00", python=sys.executable,
-        scheduler_options=SCHEDULER, log_directory=str(tmp_path / "logs"), local_directory=str(tmp_path / "work"),
+        **plan.cluster_kwargs(),
+        queue="debug",
+        walltime="00:02:00",
+        python=sys.executable,
+        scheduler_options=SCHEDULER,
+        log_directory=str(tmp_path / "logs"),
+        local_directory=str(tmp_path / "work"),
     )
     client = Client(cluster, direct_to_workers=True, set_as_default=False)
     env = None
@@ -263,8 +282,9 @@ def test_worker_deadline_inside_a_slurm_job(slurm: None) -> None:
         "worker_deadline(types.SimpleNamespace(lifetime=30)))"
     )
     before = time.time()
-    out = subprocess.run(["srun", "-t", "00:03:00", "-n", "1", sys.executable, "-c", probe],
-                         capture_output=True, text=True, timeout=100)
+    out = subprocess.run(
+        ["srun", "-t", "00:03:00", "-n", "1", sys.executable, "-c", probe], capture_output=True, text=True, timeout=100
+    )
     assert out.returncode == 0, out.stderr
     now, job_end, with_lifetime = (float(x) for x in out.stdout.split())
     # squeue gives the end to the second: start + 3 minutes

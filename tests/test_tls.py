@@ -36,8 +36,15 @@ def tls_cluster() -> Iterator[Any]:
     from distributed.security import Security
 
     security = Security.temporary()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tls", security=security,
-                      dashboard_address=":0", silence_logs=40) as cluster:
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        protocol="tls",
+        security=security,
+        dashboard_address=":0",
+        silence_logs=40,
+    ) as cluster:
         yield cluster
 
 
@@ -79,8 +86,10 @@ def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFix
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="actor", timeout=60) as env:
         assert not env.encrypted and {g["transport"] for g in env.groups} == {"actor"}
         env.reset()
-    with caplog.at_level(logging.WARNING, logger="daskvec"), \
-            DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct-insecure", timeout=60) as env:
+    with (
+        caplog.at_level(logging.WARNING, logger="daskvec"),
+        DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct-insecure", timeout=60) as env,
+    ):
         assert not env.encrypted
         assert {(g["transport"], g["socket"]) for g in env.groups} <= {("direct", "unix"), ("direct", "tcp")}
         env.reset()
@@ -140,8 +149,14 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path,
     assert target.exists()
     target.unlink()
 
-    with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=client2, transport="direct",
-                    envs_per_actor=2, timeout=60, env_process=env_process) as env:
+    with DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=5)] * 2,
+        client=client2,
+        transport="direct",
+        envs_per_actor=2,
+        timeout=60,
+        env_process=env_process,
+    ) as env:
         (group,) = env._groups
         desc = group.desc
         address = tuple(desc.address) if sock == "tcp" else desc.unix_path
@@ -186,8 +201,9 @@ def _tls_talk(address: tuple[str, int], context: ssl.SSLContext, payload: list[b
 def test_strangers_and_plaintext_clients_are_refused_by_the_tls_channel(tls_cluster: Any, tmp_path: Path) -> None:
     target = tmp_path / "pwned"
     request = ("step", ([_CreateFile(str(target))] * 2,))
-    with DaskVecEnv([functools.partial(CountingEnv, horizon=5)] * 2, client=tls_cluster, envs_per_actor=2,
-                    timeout=60) as env:
+    with DaskVecEnv(
+        [functools.partial(CountingEnv, horizon=5)] * 2, client=tls_cluster, envs_per_actor=2, timeout=60
+    ) as env:
         (group,) = env._groups
         address = tuple(group.desc.address)
         assert env.encrypted and group.desc.unix_path is None

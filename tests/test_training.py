@@ -21,17 +21,14 @@ from daskvec import DaskVecEnv
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-
-
-
-
 def evaluate(model: Any, env_id: str = "CartPole-v1", episodes: int = 10, seed: int = 1000) -> list[float]:
     """Deterministic evaluation on a local env with a fixed seed: returns each episode's reward."""
     eval_env = Monitor(gym.make(env_id))
     eval_env.reset(seed=seed)
     try:
-        rewards, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
-                                     return_episode_rewards=True)
+        rewards, _ = evaluate_policy(
+            model, eval_env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+        )
     finally:
         eval_env.close()
     return [float(r) for r in rewards]
@@ -43,9 +40,13 @@ ALGO_CASES: dict[str, tuple[Any, str, dict[str, Any], dict[str, Any], str]] = {
     "a2c": (A2C, "CartPole-v1", {}, {"n_steps": 8}, "actor"),
     "dqn": (DQN, "CartPole-v1", {}, {"learning_starts": 64, "train_freq": 4, "buffer_size": 1000}, "direct"),
     # Pendulum episodes are cut at 40 steps so that 400 steps finish some
-    "sac": (SAC, "Pendulum-v1", {"max_episode_steps": 40}, {"learning_starts": 64, "batch_size": 32,
-                                                            "buffer_size": 1000,
-                                                            "policy_kwargs": {"net_arch": [32, 32]}}, "actor"),
+    "sac": (
+        SAC,
+        "Pendulum-v1",
+        {"max_episode_steps": 40},
+        {"learning_starts": 64, "batch_size": 32, "buffer_size": 1000, "policy_kwargs": {"net_arch": [32, 32]}},
+        "actor",
+    ),
 }
 
 
@@ -53,9 +54,14 @@ ALGO_CASES: dict[str, tuple[Any, str, dict[str, Any], dict[str, Any], str]] = {
 def test_algorithms_train_on_dask_vec_env(algo: str, dclient: Any) -> None:
     """Each algorithm runs 400 steps through either transport (whether it learns: below)."""
     cls, env_id, env_kwargs, kwargs, transport = ALGO_CASES[algo]
-    env = make_vec_env(env_id, n_envs=4, seed=0, env_kwargs=env_kwargs,
-                       vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                       vec_env_kwargs={"client": dclient, "transport": transport, "envs_per_actor": 2})
+    env = make_vec_env(
+        env_id,
+        n_envs=4,
+        seed=0,
+        env_kwargs=env_kwargs,
+        vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+        vec_env_kwargs={"client": dclient, "transport": transport, "envs_per_actor": 2},
+    )
     try:
         assert {g["transport"] for g in env.groups} == {transport}  # type: ignore[attr-defined]
         model = cls("MlpPolicy", env, device="cpu", seed=0, **kwargs)
@@ -86,8 +92,13 @@ def test_on_policy_algorithms_learn_cartpole_on_dask_vec_env(algo: str, dclient:
     cls, kwargs, steps = LEARN_CASES[algo]
     seed = 2
     threshold = 3 * random_cartpole_return()
-    env = make_vec_env("CartPole-v1", n_envs=4, seed=seed, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                       vec_env_kwargs={"client": dclient})
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=4,
+        seed=seed,
+        vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+        vec_env_kwargs={"client": dclient},
+    )
     try:
         model = cls("MlpPolicy", env, device="cpu", seed=seed, **kwargs)
         before = evaluate(model)
@@ -100,10 +111,14 @@ def test_on_policy_algorithms_learn_cartpole_on_dask_vec_env(algo: str, dclient:
 
 
 # --------------------------------------------------------------------------- reproducibility
-@pytest.mark.parametrize("placement", [
-    {"envs_per_actor": 1, "transport": "direct"},
-    {"envs_per_actor": 3, "transport": "actor"},
-], ids=["1per-direct", "3per-actor"])
+@pytest.mark.parametrize(
+    "placement",
+    [
+        {"envs_per_actor": 1, "transport": "direct"},
+        {"envs_per_actor": 3, "transport": "actor"},
+    ],
+    ids=["1per-direct", "3per-actor"],
+)
 def test_ppo_same_seed_same_result_as_dummy(placement: dict[str, Any], dclient: Any) -> None:
     """``PPO(seed=s)`` on DaskVecEnv trains exactly as on DummyVecEnv."""
     seed = 4
@@ -136,8 +151,13 @@ def test_ppo_same_seed_same_result_as_dummy(placement: dict[str, Any], dclient: 
 @pytest.mark.timeout(900)
 def test_ppo_cartpole_example_learns(dclient: Any) -> None:
     """The README example: 8 CartPole envs on DaskVecEnv, PPO for 25,000 steps."""
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=0, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                       vec_env_kwargs={"client": dclient})
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=8,
+        seed=0,
+        vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+        vec_env_kwargs={"client": dclient},
+    )
     try:
         model = PPO("MlpPolicy", env, device="cpu", seed=0).learn(25_000)
     finally:

@@ -420,8 +420,17 @@ def test_machine_id_differs_on_another_host() -> None:
     """A process whose host name differs (another container, another node) gets another id."""
     code = "from daskvec.transport import machine_id; print(machine_id())"
     # a new UTS namespace: the same kernel, another host name (unprivileged via a user namespace)
-    cmd = ["unshare", "--user", "--map-root-user", "--uts", "sh", "-c",
-           'hostname daskvec-elsewhere && exec "$0" -c "$1"', sys.executable, code]
+    cmd = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--uts",
+        "sh",
+        "-c",
+        'hostname daskvec-elsewhere && exec "$0" -c "$1"',
+        sys.executable,
+        code,
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:

@@ -111,7 +111,7 @@ def test_env_from_a_local_package(pclient: Any) -> None:
 
 
 # --------------------------------------------------------------------------- a notebook
-NOTEBOOK_CELL = '''
+NOTEBOOK_CELL = """
 import gymnasium as gym
 import numpy as np
 
@@ -133,7 +133,7 @@ class NotebookEnv(gym.Env):
 
 def make_env(scale):
     return lambda: NotebookEnv(scale)
-'''
+"""
 
 
 def test_env_from_a_notebook_namespace(pclient: Any) -> None:
@@ -145,7 +145,7 @@ def test_env_from_a_notebook_namespace(pclient: Any) -> None:
 
 
 # --------------------------------------------------------------------------- a script's __main__
-SCRIPT = '''
+SCRIPT = """
 import sys
 
 import gymnasium as gym
@@ -189,7 +189,7 @@ if __name__ == "__main__":
     print("terminal", [info["terminal_observation"].tolist() for info in infos])
     print("after-reset", obs.tolist())
     env.close()
-'''
+"""
 
 
 @pytest.mark.timeout(180)
@@ -197,8 +197,9 @@ def test_env_from_a_script_main(procs: DaskProcesses, tmp_path: Path) -> None:
     script = tmp_path / "train_script.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(script), procs.address], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, str(script), procs.address], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150
+    )
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
     assert lines["workers"] == "2"

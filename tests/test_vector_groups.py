@@ -167,9 +167,10 @@ def test_a_lost_worker_rebuilds_its_vector_env_whole(dask_processes: Any) -> Non
     procs = dask_processes(2)
     fns = [functools.partial(CountingEnv, horizon=50) for _ in range(6)]
     vfns = vector_fns(fns, [3, 3], AutoresetMode.SAME_STEP)
-    with contextlib.closing(
-        DaskVecEnv.from_vector_envs(vfns, procs.address, timeout=60, worker_wait_timeout=60)
-    ) as env, Client(procs.address, set_as_default=False) as client:
+    with (
+        contextlib.closing(DaskVecEnv.from_vector_envs(vfns, procs.address, timeout=60, worker_wait_timeout=60)) as env,
+        Client(procs.address, set_as_default=False) as client,
+    ):
         assert len({g["worker"] for g in env.groups}) == 2
         env.reset()
         env.step(np.ones(6, dtype=np.int64))

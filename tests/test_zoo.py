@@ -42,9 +42,29 @@ def test_zoo_trains_ppo_on_cartpole_from_the_zoos_hyperparameters(cluster2: Any,
 
     logs = tmp_path / "logs"
     # a relative log folder (-f logs), as users give it; the workers' cwd is elsewhere
-    proc = daskvec_zoo(["--scheduler", cluster2.scheduler_address,  # daskvec's options ...
-                        "--algo", "ppo", "--env", "CartPole-v1", "-n", "2048", "--eval-freq", "-1",  # ... the zoo's
-                        "-f", "logs", "--seed", "3", "--device", "cpu", "--num-threads", "1"], cwd=tmp_path)
+    proc = daskvec_zoo(
+        [
+            "--scheduler",
+            cluster2.scheduler_address,  # daskvec's options ...
+            "--algo",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "-n",
+            "2048",
+            "--eval-freq",
+            "-1",  # ... the zoo's
+            "-f",
+            "logs",
+            "--seed",
+            "3",
+            "--device",
+            "cpu",
+            "--num-threads",
+            "1",
+        ],
+        cwd=tmp_path,
+    )
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr[-3000:])
     (experiment,) = (logs / "ppo").iterdir()
@@ -53,8 +73,11 @@ def test_zoo_trains_ppo_on_cartpole_from_the_zoos_hyperparameters(cluster2: Any,
     model = PPO.load(experiment / "CartPole-v1.zip", device="cpu")
     assert model.num_timesteps >= 2048
     assert model.n_envs == tuned["n_envs"] == 8
-    assert (model.n_steps, model.batch_size, model.n_epochs) == (tuned["n_steps"], tuned["batch_size"],
-                                                                 tuned["n_epochs"])
+    assert (model.n_steps, model.batch_size, model.n_epochs) == (
+        tuned["n_steps"],
+        tuned["batch_size"],
+        tuned["n_epochs"],
+    )
     assert model.gamma == pytest.approx(tuned["gamma"])
     # the envs' Monitor files, written by the workers into the experiment's folder
     assert len(list(experiment.glob("*.monitor.csv"))) == 8

@@ -120,8 +120,13 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
             samples["ppo"].append(_learn_wall(PPO, env, opts["timesteps"], n_steps, seed))
             samples["daskppo"].append(_learn_wall(DaskPPO, env, opts["timesteps"], n_steps, seed))
         out["samples"] = samples
-        for key, name in (("sync", "sync_steps_per_s"), ("ppo_loop", "sync_collect_steps_per_s"),
-                          ("rollouts", "rollout_steps_per_s"), ("ppo", "ppo_wall_s"), ("daskppo", "daskppo_wall_s")):
+        for key, name in (
+            ("sync", "sync_steps_per_s"),
+            ("ppo_loop", "sync_collect_steps_per_s"),
+            ("rollouts", "rollout_steps_per_s"),
+            ("ppo", "ppo_wall_s"),
+            ("daskppo", "daskppo_wall_s"),
+        ):
             out[name] = float(statistics.median(samples[key]))  # fmt: skip
         out["restarts"] = int(env.restart_counts.sum())
     return out

@@ -94,54 +94,106 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser : argparse.ArgumentParser
         The (sub)parser of the ``bench`` command.
     """
-    parser.add_argument("--scenario", nargs="+", default=["all"],
-                        choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN],
-                        help="scenarios to run (default: all, which leaves out the real workloads atari, mujoco and "
-                             "contention: name them, or 'workloads'); 'none' with --dashboard runs only that; "
-                             "'hosts' (emulated hosts, needs root), 'learning' and 'ceiling' (where DaskVecEnv's "
-                             "step time goes against the Python ceiling, mujoco and atari) run on their own")
-    parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
-                        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")
-    parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]",
-                        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; "
-                             "atari 16; mujoco 16,64; contention 8)")
+    parser.add_argument(
+        "--scenario",
+        nargs="+",
+        default=["all"],
+        choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN],
+        help="scenarios to run (default: all, which leaves out the real workloads atari, mujoco and "
+        "contention: name them, or 'workloads'); 'none' with --dashboard runs only that; "
+        "'hosts' (emulated hosts, needs root), 'learning' and 'ceiling' (where DaskVecEnv's "
+        "step time goes against the Python ceiling, mujoco and atari) run on their own",
+    )
+    parser.add_argument(
+        "--vec-envs",
+        type=_comma_list,
+        default=list(VEC_ENVS),
+        metavar="LIST",
+        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})",
+    )
+    parser.add_argument(
+        "--envs",
+        type=_int_list,
+        default=None,
+        metavar="N[,N...]",
+        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; "
+        "atari 16; mujoco 16,64; contention 8)",
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="time budget of each timed window (default 2)")
     parser.add_argument("--steps", type=int, default=None, help="fixed vec-steps per timed window instead of --seconds")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up before timing (default 0.5)")
     parser.add_argument("--repeat", type=int, default=1, help="independent runs per vec env; medians are reported")
     parser.add_argument("--seed", type=int, default=0, help="seed of envs, actions and PPO (default 0)")
-    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                        help="Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)")
-    parser.add_argument("--transport", default="auto", choices=["auto", "direct", "actor"],
-                        help="DaskVecEnv transport (default auto)")
-    parser.add_argument("--env-process", action="store_true",
-                        help="DaskVecEnv(env_process=True): envs in a process of their own beside each worker")
-    parser.add_argument("--subproc-start-method", default=None, choices=["fork", "forkserver", "spawn"],
-                        help="SubprocVecEnv start method (default: its own, forkserver on Linux)")
-    parser.add_argument("--async-context", default=None, choices=["fork", "forkserver", "spawn"],
-                        help="AsyncVectorEnv multiprocessing context (default: its own)")
+    parser.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)",
+    )
+    parser.add_argument(
+        "--transport", default="auto", choices=["auto", "direct", "actor"], help="DaskVecEnv transport (default auto)"
+    )
+    parser.add_argument(
+        "--env-process",
+        action="store_true",
+        help="DaskVecEnv(env_process=True): envs in a process of their own beside each worker",
+    )
+    parser.add_argument(
+        "--subproc-start-method",
+        default=None,
+        choices=["fork", "forkserver", "spawn"],
+        help="SubprocVecEnv start method (default: its own, forkserver on Linux)",
+    )
+    parser.add_argument(
+        "--async-context",
+        default=None,
+        choices=["fork", "forkserver", "spawn"],
+        help="AsyncVectorEnv multiprocessing context (default: its own)",
+    )
     parser.add_argument("--timesteps", type=int, default=25_000, help="PPO timesteps of the training scenario")
     parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after training")
-    parser.add_argument("--contention-timesteps", type=int, default=8192,
-                        help="PPO timesteps of the contention scenario (default 8192)")
-    parser.add_argument("--dashboard", action="store_true",
-                        help="also measure DaskVecEnv with the daskvec dashboard page open vs closed")
+    parser.add_argument(
+        "--contention-timesteps", type=int, default=8192, help="PPO timesteps of the contention scenario (default 8192)"
+    )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="also measure DaskVecEnv with the daskvec dashboard page open vs closed",
+    )
     parser.add_argument("--dashboard-route", default=None, help="route of the page if it cannot be discovered")
-    parser.add_argument("--out", default="bench-results", metavar="DIR",
-                        help="directory for the JSON and PNG results (default bench-results)")
+    parser.add_argument(
+        "--out",
+        default="bench-results",
+        metavar="DIR",
+        help="directory for the JSON and PNG results (default bench-results)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
     # issue 13: across emulated hosts, and the learning check
-    parser.add_argument("--rtt", type=_float_list, default=[0.0, 2.0, 10.0], metavar="MS[,MS...]",
-                        help="hosts scenario: round trips the relay adds on each host (default 0,2,10)")
+    parser.add_argument(
+        "--rtt",
+        type=_float_list,
+        default=[0.0, 2.0, 10.0],
+        metavar="MS[,MS...]",
+        help="hosts scenario: round trips the relay adds on each host (default 0,2,10)",
+    )
     parser.add_argument("--hosts", type=int, default=2, help="hosts scenario: emulated worker hosts (default 2)")
-    parser.add_argument("--rollout-steps", type=int, default=128,
-                        help="hosts scenario: PPO n_steps per rollout (default 128)")
-    parser.add_argument("--learning-seeds", type=_int_list, default=[0, 1, 2], metavar="S[,S...]",
-                        help="learning scenario: seeds (default 0,1,2)")
+    parser.add_argument(
+        "--rollout-steps", type=int, default=128, help="hosts scenario: PPO n_steps per rollout (default 128)"
+    )
+    parser.add_argument(
+        "--learning-seeds",
+        type=_int_list,
+        default=[0, 1, 2],
+        metavar="S[,S...]",
+        help="learning scenario: seeds (default 0,1,2)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
-    parser.add_argument("--tls", action="store_true",  # issue 15
-                        help="instead of the scenarios: the encrypted direct channel vs actor calls on a TLS "
-                             "cluster vs the plaintext direct channel (CartPole, --envs, default 8)")
+    parser.add_argument(
+        "--tls",
+        action="store_true",  # issue 15
+        help="instead of the scenarios: the encrypted direct channel vs actor calls on a TLS "
+        "cluster vs the plaintext direct channel (CartPole, --envs, default 8)",
+    )
 
 
 @contextlib.contextmanager

@@ -87,12 +87,23 @@ def _open_page(url: str, client: Any, route: str, timeout: float = 90.0) -> Iter
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     profile = tempfile.mkdtemp(prefix="daskvec-bench-chromium-")
     if chromium:
-        cmd = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               "--no-first-run", "--window-size=1280,900", f"--user-data-dir={profile}", url]
+        cmd = [
+            chromium,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--window-size=1280,900",
+            f"--user-data-dir={profile}",
+            url,
+        ]
         method = "chromium"
     else:
-        code = ("import sys; from bokeh.client import pull_session; "
-                "s = pull_session(url=sys.argv[1]); s.loop_until_closed()")
+        code = (
+            "import sys; from bokeh.client import pull_session; "
+            "s = pull_session(url=sys.argv[1]); s.loop_until_closed()"
+        )
         cmd = [sys.executable, "-c", code, url]
         method = "bokeh.client"
     before = _connections(client, route)
@@ -174,8 +185,10 @@ def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) 
         base = link.rsplit("/", 1)[0] if link else None
         found = find_dashboard_route(env.client, base, route)
         if not found:
-            why = reason or (f"the scheduler's dashboard at {base} does not serve the daskvec page (a scheduler "
-                             "must start after `import daskvec.dashboard`, or with `--preload daskvec.dashboard`)")
+            why = reason or (
+                f"the scheduler's dashboard at {base} does not serve the daskvec page (a scheduler "
+                "must start after `import daskvec.dashboard`, or with `--preload daskvec.dashboard`)"
+            )
             return {"available": False, "reason": why, "dashboard_link": link}
         if not base:
             return {"available": False, "reason": "the cluster has no dashboard", "dashboard_link": link}

@@ -44,7 +44,6 @@ def _error_entry(kind: str, exc: BaseException) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-
 def _prepare_imports(kinds: Sequence[str]) -> None:
     """Import what the vec envs need before any memory baseline is taken."""
     import psutil  # noqa: F401
@@ -146,11 +145,23 @@ def run_benchmark(
         For an unknown scenario, vec env or transport, or non-positive durations.
     """
     chosen, kinds = _check_selection(scenarios, vec_envs, transport, seconds, steps, warmup, repeat, n_envs)
-    opts = Options(seconds=seconds, steps=steps, warmup=warmup, repeat=repeat, seed=seed, scheduler=scheduler,
-                   transport=transport, env_process=env_process, subproc_start_method=subproc_start_method,
-                   async_context=async_context,
-                   heavy_step_s=heavy_step_s, training_timesteps=training_timesteps, eval_episodes=eval_episodes,
-                   cores=_usable_cores(), contention_timesteps=contention_timesteps)
+    opts = Options(
+        seconds=seconds,
+        steps=steps,
+        warmup=warmup,
+        repeat=repeat,
+        seed=seed,
+        scheduler=scheduler,
+        transport=transport,
+        env_process=env_process,
+        subproc_start_method=subproc_start_method,
+        async_context=async_context,
+        heavy_step_s=heavy_step_s,
+        training_timesteps=training_timesteps,
+        eval_episodes=eval_episodes,
+        cores=_usable_cores(),
+        contention_timesteps=contention_timesteps,
+    )
     _prepare_imports(kinds)
     started = time.perf_counter()
     results = _new_results(opts, chosen, kinds, n_envs, dashboard)
@@ -211,8 +222,14 @@ def _new_results(
         "schema": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
-        "settings": {**opts.as_dict(), "scenarios": chosen, "vec_envs": kinds, "baseline": BASELINE,
-                     "n_envs": list(n_envs) if n_envs else None, "dashboard": dashboard},
+        "settings": {
+            **opts.as_dict(),
+            "scenarios": chosen,
+            "vec_envs": kinds,
+            "baseline": BASELINE,
+            "n_envs": list(n_envs) if n_envs else None,
+            "dashboard": dashboard,
+        },
         "cases": [],
         "dashboard": None,
         "files": {},
@@ -226,9 +243,7 @@ def _stamp_end(results: dict[str, Any], started: float) -> None:
     results["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
-def _save_partial(
-    results: dict[str, Any], out_dir: str | os.PathLike[str] | None, started: float, stamp: str
-) -> None:
+def _save_partial(results: dict[str, Any], out_dir: str | os.PathLike[str] | None, started: float, stamp: str) -> None:
     """Keep the JSON on disk current, so a long run that is interrupted still leaves its results."""
     if out_dir is not None:
         _stamp_end(results, started)
@@ -278,8 +293,14 @@ def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = F
     if contention:
         opts = dataclasses.replace(opts, training_timesteps=opts.contention_timesteps)
     env = f"CartPole-v1 (PPO{f', {CONTENTION_BUSY} busy-loop processes beside' if contention else ''})"
-    case_out: dict[str, Any] = {"scenario": scenario, "case": f"{scenario}-{n}", "env": env,
-                                "n_envs": n, "timesteps": opts.training_timesteps, "results": {}}
+    case_out: dict[str, Any] = {
+        "scenario": scenario,
+        "case": f"{scenario}-{n}",
+        "env": env,
+        "n_envs": n,
+        "timesteps": opts.training_timesteps,
+        "results": {},
+    }
     for kind in kinds:
         if kind in ("async", *ENVPOOL_KINDS):
             if kind == "async":
@@ -300,10 +321,15 @@ def _stepping_case(case: Case, kinds: list[str], opts: Options, cores: int) -> d
     space = probe_env.action_space
     probe_env.close()
     actions = action_cycle(space, case.n_envs, _ACTION_CYCLE, opts.seed)
-    case_out: dict[str, Any] = {"scenario": case.scenario, "case": case.name, "env": case.env,
-                                "n_envs": case.n_envs,
-                                "ideal_steps_per_s": cores / opts.heavy_step_s if case.scenario == "heavy" else None,
-                                "cores": cores, "results": {}}
+    case_out: dict[str, Any] = {
+        "scenario": case.scenario,
+        "case": case.name,
+        "env": case.env,
+        "n_envs": case.n_envs,
+        "ideal_steps_per_s": cores / opts.heavy_step_s if case.scenario == "heavy" else None,
+        "cores": cores,
+        "results": {},
+    }
     for kind in kinds:
         if kind in ENVPOOL_KINDS and case.envpool_task is None:
             continue  # no EnvPool counterpart of this env

@@ -135,8 +135,14 @@ def run_learning_check(
     results = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
-        "settings": dict(env="CartPole-v1", n_envs=n_envs, timesteps=timesteps, seeds=list(seeds),
-                         eval_episodes=eval_episodes, hyperparameters=ZOO_CARTPOLE),
+        "settings": dict(
+            env="CartPole-v1",
+            n_envs=n_envs,
+            timesteps=timesteps,
+            seeds=list(seeds),
+            eval_episodes=eval_episodes,
+            hyperparameters=ZOO_CARTPOLE,
+        ),
         "runs": runs,
         "summary": summary,
         # DaskPPO's mean over the seeds within PPO's per-seed min..max; not_below: at least PPO's min

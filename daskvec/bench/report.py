@@ -33,14 +33,20 @@ def _add_ratios(case: dict[str, Any]) -> None:
             ok = "wall_s" in base
             res["ratio_wall"] = res["wall_s"] / base["wall_s"] if ok else None
             res["ratio_steps_per_s"] = base["wall_s"] / res["wall_s"] if ok else None
-            res["ratio_mem_per_env"] = (res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
-                                        if ok and base["memory"]["per_env_mb"] > 0 else None)
+            res["ratio_mem_per_env"] = (
+                res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
+                if ok and base["memory"]["per_env_mb"] > 0
+                else None
+            )
             continue
         ok = "steps_per_s" in base
         res["ratio_steps_per_s"] = res["steps_per_s"] / base["steps_per_s"] if ok else None
         res["ratio_ttfs"] = res["ttfs_s"] / base["ttfs_s"] if ok and base["ttfs_s"] > 0 else None
-        res["ratio_mem_per_env"] = (res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
-                                    if ok and base["memory"]["per_env_mb"] > 0 else None)
+        res["ratio_mem_per_env"] = (
+            res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
+            if ok and base["memory"]["per_env_mb"] > 0
+            else None
+        )
         if case.get("ideal_steps_per_s"):
             res["fraction_of_ideal"] = res["steps_per_s"] / case["ideal_steps_per_s"]
 
@@ -84,8 +90,10 @@ def _fmt(value: Any, spec: str) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
     """The results as a plain-text table (one row per case and vec env)."""
-    head = (f"{'case':<12} {'vec env':<15} {'env-steps/s':>12} {'x Subproc':>9} {'first step s':>12} "
-            f"{'x Subproc':>9} {'MB/env':>8} {'x Subproc':>9}  notes")
+    head = (
+        f"{'case':<12} {'vec env':<15} {'env-steps/s':>12} {'x Subproc':>9} {'first step s':>12} "
+        f"{'x Subproc':>9} {'MB/env':>8} {'x Subproc':>9}  notes"
+    )
     lines = [head, "-" * len(head)]
     for case in results["cases"]:
         if case["scenario"] in GYM_SCENARIOS:
@@ -116,8 +124,10 @@ def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
         first = _fmt(res["ttfs_s"], ".2f")
         ratio_first = res.get("ratio_ttfs")
         if res.get("fraction_of_ideal") is not None:
-            notes.append(f"{res['fraction_of_ideal']:.2f} of ideal {case['ideal_steps_per_s']:.0f}"
-                         + (f" ({case['ideal']})" if kind == "dummy" and case.get("ideal") else ""))
+            notes.append(
+                f"{res['fraction_of_ideal']:.2f} of ideal {case['ideal_steps_per_s']:.0f}"
+                + (f" ({case['ideal']})" if kind == "dummy" and case.get("ideal") else "")
+            )
         if res.get("of_envpool") is not None:
             notes.append(f"{res['of_envpool']:.2f} of EnvPool alone")
     if res.get("transport"):
@@ -162,11 +172,15 @@ def _machine_lines(results: dict[str, Any]) -> list[str]:
             f"{m.get('cores_usable')} cores): other processes competed for the CPU, figures and ratios are unreliable"
         )
         if m.get("autogroup"):
-            lines.append("  the kernel shares a busy CPU per session (sched_autogroup): every process of this run "
-                         "together gets one session's part, so vec envs of many processes lose most to the load")
+            lines.append(
+                "  the kernel shares a busy CPU per session (sched_autogroup): every process of this run "
+                "together gets one session's part, so vec envs of many processes lose most to the load"
+            )
     lines.append(f"load average at the end {end:.1f} (counts the benchmark's own processes, still exiting)")
-    lines.append("training/contention rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time;"
-                 " 'x Subproc' above 1 is faster for env-steps/s, below 1 is faster for times.")
+    lines.append(
+        "training/contention rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time;"
+        " 'x Subproc' above 1 is faster for env-steps/s, below 1 is faster for times."
+    )
     return lines
 
 
@@ -197,8 +211,15 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
             ax.bar(pos, heights, width, label=LABELS[kind], color=colors[kind])
             for p, h in zip(pos, heights, strict=True):
                 if np.isfinite(h):
-                    ax.annotate(f"{h:.2g}", (p, h), ha="center", va="bottom", fontsize=7,
-                                xytext=(0, 2), textcoords="offset points")
+                    ax.annotate(
+                        f"{h:.2g}",
+                        (p, h),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        xytext=(0, 2),
+                        textcoords="offset points",
+                    )
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.set_xticks(x, [c["case"] for c in cases], rotation=20)
@@ -206,8 +227,11 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
     m = results["machine"]
-    fig.suptitle(f"daskvec bench: {m['cpu']}, {m['cores_usable']} cores, {m['memory_gb']} GB, "
-                 f"Python {m['python']} ({results['created']})", fontsize=10)
+    fig.suptitle(
+        f"daskvec bench: {m['cpu']}, {m['cores_usable']} cores, {m['memory_gb']} GB, "
+        f"Python {m['python']} ({results['created']})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

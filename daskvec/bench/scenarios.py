@@ -62,6 +62,7 @@ def missing_packages(what: str) -> list[str]:
     """The modules that ``what`` (a workload, or ``"envpool"``) needs and this Python cannot import."""
     return [m for m in _NEEDS.get(what, ()) if importlib.util.find_spec(m) is None]
 
+
 #: Default env counts per scenario (``--envs`` overrides them).
 DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "light": (8, 64),

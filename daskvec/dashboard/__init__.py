@@ -140,7 +140,6 @@ ROUTES: dict[str, Any] = {
 _NAV_PAGE = "daskvec"
 
 
-
 # --------------------------------------------------------------------------- installation
 _install_lock = threading.Lock()
 _state: dict[str, Any] = {"pages": False, "nav": False, "collector": None}
@@ -220,8 +219,11 @@ def dask_setup(scheduler: Any) -> None:
     dashboard) installs the pages; this hook only checks and logs.
     """
     installed = install()
-    logger.info("daskvec dashboard pages %s on scheduler %s",
-                "installed" if installed else "unavailable", getattr(scheduler, "address", "?"))
+    logger.info(
+        "daskvec dashboard pages %s on scheduler %s",
+        "installed" if installed else "unavailable",
+        getattr(scheduler, "address", "?"),
+    )
 
 
 # A preload imports this package before the scheduler builds its dashboard: install now.

@@ -224,4 +224,3 @@ class DaskvecDashboard(DashboardComponent):
         self.workers.update(snap)
         self.throughput.update(snap)
         self.time_split.update(snap)
-

@@ -92,11 +92,15 @@ class Snapshot:
             )
         if self.last_closed is not None:
             when = datetime.fromtimestamp(self.last_closed).strftime("%H:%M:%S")
-            return (f"No DaskVecEnv is running: the last one closed at {when}. The counters below are totals "
-                    "since the workers started; the time split is that of the last run.")
+            return (
+                f"No DaskVecEnv is running: the last one closed at {when}. The counters below are totals "
+                "since the workers started; the time split is that of the last run."
+            )
         if self.ever_seen:
-            return ("No DaskVecEnv is running: the last one stopped without closing. The counters below are "
-                    "totals since the workers started; the time split is that of the last run.")
+            return (
+                "No DaskVecEnv is running: the last one stopped without closing. The counters below are "
+                "totals since the workers started; the time split is that of the last run."
+            )
         return (
             "No DaskVecEnv is running on this cluster yet. Create one with "
             "DaskVecEnv(env_fns, client=...) and this page fills in."

@@ -85,10 +85,14 @@ class PrometheusCollector:
                 lat.add_metric([addr, "0.5"], p50 / 1e3)
                 lat.add_metric([addr, "0.99"], p99 / 1e3)
         yield lat
-        yield GaugeMetricFamily(self._name("env_groups"), "Env-group actors alive on the cluster",
-                                value=float(sum(s.groups for s in snaps)))
-        yield GaugeMetricFamily(self._name("vec_envs"), "DaskVecEnvs reporting to the scheduler",
-                                value=float(sum(s.vec_envs for s in snaps)))
+        yield GaugeMetricFamily(
+            self._name("env_groups"), "Env-group actors alive on the cluster", value=float(sum(s.groups for s in snaps))
+        )
+        yield GaugeMetricFamily(
+            self._name("vec_envs"),
+            "DaskVecEnvs reporting to the scheduler",
+            value=float(sum(s.vec_envs for s in snaps)),
+        )
         share = GaugeMetricFamily(
             self._name("client_time_share"),
             "Share of the vec-env step time spent on the client, in transit and inside the envs (recent)",

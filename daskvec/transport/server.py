@@ -291,9 +291,7 @@ class ChannelServer:
             )  # fmt: skip
             evicted.cut()  # counted as refused by its own thread, when its read fails
         try:
-            threading.Thread(
-                target=self._serve, args=(entry, peer), name=f"{self._name}-conn", daemon=True
-            ).start()
+            threading.Thread(target=self._serve, args=(entry, peer), name=f"{self._name}-conn", daemon=True).start()
         except BaseException:
             self._forget(entry)
             raise
@@ -352,9 +350,7 @@ class ChannelServer:
 
     def _refuse(self, peer: Any, why: str) -> None:
         self.refused += 1
-        self._log(
-            "refused", logging.WARNING, "daskvec channel %s refused a peer %s: %s", self._name, peer, why
-        )
+        self._log("refused", logging.WARNING, "daskvec channel %s refused a peer %s: %s", self._name, peer, why)
 
     # ------------------------------------------------------------------ serving
     def _serve(self, entry: _Pending, peer: Any) -> None:

@@ -760,6 +760,7 @@ class EnvGroup:
 
     def _has_attr(self, name: str, positions: Sequence[int]) -> list[bool]:
         return self._each(positions, lambda env: has_wrapper_attr(env, name))
+
     def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], positions: Sequence[int]) -> list[Any]:
         def call(env: gym.Env[Any, Any]) -> Any:
             attr = env.get_wrapper_attr(name)
