@@ -37,6 +37,7 @@ from daskvec.errors import (
     EnvRestartBudgetExceeded,
     NoAsyncCallError,
     RemoteEnvError,
+    SchedulerLostError,
     StepTimeoutError,
     WorkerLostError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "EnvRestartBudgetExceeded",
     "NoAsyncCallError",
     "RemoteEnvError",
+    "SchedulerLostError",
     "StepTimeoutError",
     "WorkerLostError",
     "__version__",

@@ -16,6 +16,8 @@ this process, whose workers' figures the Prometheus collector reports).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import weakref
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = [
     "scheduler_address",
     "scheduler_lost",
     "scheduler_workers",
+    "scheduler_workers_soon",
 ]
 
 
@@ -80,6 +83,35 @@ def scheduler_workers(client: Any, timeout: float = 30.0) -> dict[str, Any]:
     except Exception as e:
         raise scheduler_lost(client, e, timeout) from e
     return dict(identity.get("workers", {}))
+
+
+def scheduler_workers_soon(client: Any, timeout: float = 30.0) -> concurrent.futures.Future[dict[str, Any]]:
+    """:func:`scheduler_workers` without waiting: the answer comes in the future returned.
+
+    The question is asked from the client's event loop (``client.loop.add_callback``,
+    as :func:`log_event_nowait` sends), so the calling thread, the one that steps the
+    envs, never waits for the scheduler; it looks at the future when it suits it.
+    Within ``timeout`` seconds of the loop running the question, the future holds the
+    scheduler's ``{address: worker info}`` or a :class:`SchedulerLostError`.
+    """
+    answer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+
+    async def ask() -> None:
+        try:
+            identity = await asyncio.wait_for(client.scheduler.identity(n_workers=-1), timeout)
+        except asyncio.CancelledError as e:  # the loop is closing: say so, then let the task end
+            answer.set_exception(scheduler_lost(client, e, timeout))
+            raise
+        except Exception as e:
+            answer.set_exception(scheduler_lost(client, e, timeout))
+        else:
+            answer.set_result(dict(identity.get("workers", {})))
+
+    try:
+        client.loop.add_callback(ask)
+    except Exception as e:  # a client without a running loop
+        answer.set_exception(scheduler_lost(client, e, timeout))
+    return answer
 
 
 def scheduler_lost(client: Any, exc: BaseException, timeout: float | None = None) -> SchedulerLostError:

@@ -3,10 +3,12 @@
 ``daskvec train ENV_ID``
     Train a Stable-Baselines3 agent on ``ENV_ID`` with its envs in a
     :class:`~daskvec.DaskVecEnv`: on the cluster at ``--scheduler``, or on an embedded
-    ``LocalCluster`` when no scheduler is given. Shows a progress bar, prints the
-    dashboard link (and the daskvec page's; only pages the scheduler serves, or why
-    not), the env-steps/s achieved and the evaluated mean reward, and saves the model
-    with ``--save``. Options not given come from Dask's config (``daskvec.*``).
+    ``LocalCluster`` when no scheduler is given. Shows a progress bar on a terminal,
+    and otherwise (output to a file or a pipe) a progress line every
+    ``--progress-interval`` seconds; prints the dashboard link (and the daskvec page's;
+    only pages the scheduler serves, or why not), the env-steps/s of the whole run and
+    of stepping the envs alone, and the evaluated mean reward, and saves the model with
+    ``--save``. Options not given come from Dask's config (``daskvec.*``).
 
 ``daskvec bench ...``
     Benchmarks (see :mod:`daskvec.bench`).
@@ -33,6 +35,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["build_parser", "main", "train"]
@@ -47,6 +50,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
     return value
 
 
@@ -110,7 +120,17 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra arguments of the algorithm, e.g. n_steps=256 learning_rate=1e-3",
     )
     parser.add_argument("--device", default="cpu", help="torch device for the agent (default: cpu)")
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="show neither the progress bar nor the progress lines"
+    )
+    parser.add_argument(
+        "--progress-interval",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=10.0,
+        help="when the output is not a terminal (a file, a pipe), print a progress line this often "
+        "instead of the progress bar (default: 10)",
+    )
     parser.add_argument(
         "--tensorboard-log",
         metavar="DIR",
@@ -243,6 +263,70 @@ def _has_tensorboard() -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class _Stepping:
+    """A vec env's steps and the seconds it spent stepping its envs (its timer's transit and env time)."""
+
+    env_steps: int
+    seconds: float
+
+    @classmethod
+    def of(cls, env: Any) -> _Stepping:
+        timer = env.timer
+        return cls(int(timer.vec_steps) * int(env.num_envs), float(timer.transit_s + timer.env_s))
+
+    def since(self, before: _Stepping) -> _Stepping:
+        return _Stepping(self.env_steps - before.env_steps, self.seconds - before.seconds)
+
+    @property
+    def rate(self) -> float:
+        """Env-steps per second while stepping: the rate of collection alone, without the learner's work."""
+        return self.env_steps / self.seconds if self.seconds > 0 else 0.0
+
+
+class _ProgressLines:
+    """Prints a progress line every ``interval`` seconds: an SB3 callback in function form.
+
+    A progress bar needs a terminal; with the output going to a file or a pipe these
+    lines say how far training is: env steps done, the rate of the whole run (the
+    learner's work included), the rate of stepping the envs alone, and the time left
+    at the run's rate so far.
+    """
+
+    def __init__(self, env: Any, total: int, interval: float, clock: Any = time.perf_counter) -> None:
+        self.env, self.total, self.interval, self.clock = env, total, interval, clock
+        self.start = clock()
+        self.before = _Stepping.of(env)
+        self._next = self.start + interval
+
+    def __call__(self, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
+        now = self.clock()
+        if now >= self._next:
+            self._next = now + self.interval
+            print(self.line(int(locals_["self"].num_timesteps), now), flush=True)
+        return True
+
+    def line(self, done: int, now: float) -> str:
+        """``progress: done/total env steps (pct%), rate overall, rate stepping the envs, ETA``."""
+        elapsed = max(now - self.start, 1e-9)
+        overall = done / elapsed
+        stepping = _Stepping.of(self.env).since(self.before)
+        eta = f"{(self.total - done) / overall:.0f} s" if overall > 0 and done < self.total else "0 s"
+        return (
+            f"progress: {done}/{self.total} env steps ({100 * done / max(self.total, 1):.0f}%), "
+            f"{overall:.0f} env-steps/s overall, {stepping.rate:.0f} env-steps/s stepping the envs, ETA {eta}"
+        )
+
+
+def _summary(algo: str, steps: int, elapsed: float, stepping: _Stepping) -> str:
+    """The line after training: the whole run's rate, and that of stepping the envs alone."""
+    share = 100 * stepping.seconds / elapsed if elapsed > 0 else 0.0
+    return (
+        f"trained {algo.upper()} for {steps} env steps in {elapsed:.1f} s: {steps / max(elapsed, 1e-9):.0f} "
+        f"env-steps/s overall; stepping the envs: {stepping.rate:.0f} env-steps/s ({share:.0f}% of the run)"
+    )
+
+
 def train(args: argparse.Namespace) -> int:
     """Run ``daskvec train`` with parsed ``args``; returns the exit code.
 
@@ -258,6 +342,7 @@ def train(args: argparse.Namespace) -> int:
     """
     import gymnasium as gym
     import numpy as np
+    from stable_baselines3.common.callbacks import ConvertCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -303,16 +388,16 @@ def train(args: argparse.Namespace) -> int:
             tensorboard_log=args.tensorboard_log,
             **dict(args.hyperparams),
         )
-        progress = not args.no_progress and _has_progress_bar_deps()
+        terminal = sys.stdout.isatty()
+        bar = not args.no_progress and terminal and _has_progress_bar_deps()
+        callbacks: list[Any] = [DaskVecEnvMetrics()]
+        if not args.no_progress and not terminal:
+            callbacks.append(ConvertCallback(_ProgressLines(env, args.timesteps, args.progress_interval)))
+        before = _Stepping.of(env)
         start = time.perf_counter()
-        model.learn(total_timesteps=args.timesteps, progress_bar=progress, callback=DaskVecEnvMetrics())
+        model.learn(total_timesteps=args.timesteps, progress_bar=bar, callback=callbacks)
         elapsed = time.perf_counter() - start
-        steps = int(model.num_timesteps)
-        print(
-            f"trained {args.algo.upper()} for {steps} env steps in {elapsed:.1f} s: "
-            f"{steps / max(elapsed, 1e-9):.0f} env-steps/s",
-            flush=True,
-        )
+        print(_summary(args.algo, int(model.num_timesteps), elapsed, _Stepping.of(env).since(before)), flush=True)
         if args.tensorboard_log:
             print(f"TensorBoard logs (daskvec/* figures included) in {args.tensorboard_log}", flush=True)
         if args.save:

@@ -2,7 +2,8 @@
 
 - :func:`resolve_client` turns the ``client=`` argument of :class:`~daskvec.DaskVecEnv`
   (a ``Client``, an address, a ``Cluster`` or ``None``) into a connected client and
-  says which objects daskvec created and must close.
+  says which objects daskvec created and must close (the embedded cluster it may start
+  is :mod:`daskvec.embedded`'s).
 - :func:`plan_groups` and :func:`assign_workers` split envs into groups and balance
   the groups over the eligible workers.
 - :func:`dumps_factories` pickles env factories so that code defined in ``__main__``,
@@ -29,6 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskvec import _dask
 from daskvec.dashboard_link import check_dashboard
+from daskvec.embedded import WORKER_EXIT_S, EmbeddedCluster, embedded_cluster
 from daskvec.protocol import GROUP_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ __all__ = [
     "choose_transport",
     "dumps_factories",
     "eligible_workers",
+    "embedded_cluster",
     "install_dashboard_page",
     "keep_env_workers",
     "plan_groups",
@@ -65,7 +68,9 @@ class ResolvedClient:
                 self.client.close(timeout=timeout)
         if self.own_cluster and self.cluster is not None:
             with contextlib.suppress(Exception):
-                self.cluster.close(timeout=timeout)
+                # the embedded cluster's nannies give each worker 0.8 * WORKER_EXIT_S to exit before killing it
+                patience = WORKER_EXIT_S if isinstance(self.cluster, EmbeddedCluster) else 0.0
+                self.cluster.close(timeout=timeout + patience)
 
 
 def _default_client() -> Any:
@@ -75,44 +80,6 @@ def _default_client() -> Any:
         return Client.current(allow_global=True)
     except ValueError:
         return None
-
-
-def _dashboard_address(preferred: int = 8787) -> str:
-    """Dask's usual dashboard port when it is free, else any free port (without Dask's warning)."""
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", preferred))
-        except OSError:
-            return ":0"
-    return f":{preferred}"
-
-
-def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
-    """Start the multi-process ``LocalCluster`` daskvec uses when given no cluster.
-
-    One single-threaded worker process per core: env groups on one worker share its
-    GIL, so processes, not threads, give parallel stepping.
-    """
-    import dask
-    from distributed import LocalCluster
-
-    n = n_workers or max(os.cpu_count() or 1, 1)
-    opts: dict[str, Any] = {
-        "n_workers": n,
-        "threads_per_worker": 1,
-        "processes": True,
-        "dashboard_address": _dashboard_address(),
-        "silence_logs": logging.WARNING,
-    }
-    opts.update(kwargs)
-    # The workers are handed this config when they start. It quiets the periodic work
-    # of their event loops, which competes for the GIL with the envs' stepping thread
-    # (what an idle worker's loop costs with and without it: docs/benchmark.md).
-    install_dashboard_page()  # the scheduler about to start serves the daskvec page
-    with dask.config.set(EMBEDDED_WORKER_CONFIG):
-        return LocalCluster(**opts)
 
 
 def install_dashboard_page() -> bool:
@@ -127,18 +94,6 @@ def install_dashboard_page() -> bool:
         logger.info("daskvec dashboard page not installed: %s", e)
         return False
     return dashboard.install()
-
-
-#: Dask config of the embedded cluster's workers (see :func:`embedded_cluster`). Actor
-#: methods never appear in Dask's profiles, so sampling them every 10 ms buys nothing;
-#: on CPython 3.11 the sampling can also deadlock a worker while an env group starts its
-#: threads (see :func:`daskvec.worker.profiler_hazard`).
-EMBEDDED_WORKER_CONFIG: dict[str, Any] = {
-    "distributed.worker.profile.enabled": False,
-    "distributed.worker.memory.monitor-interval": "1s",
-    "distributed.admin.system-monitor.interval": "2s",
-    "distributed.admin.tick.interval": "200ms",
-}
 
 
 def resolve_client(
@@ -188,6 +143,10 @@ def resolve_client(
             ) from e
         return ResolvedClient(c, own_client=True)
     if hasattr(client, "scheduler_address"):
+        if type(client).__module__.startswith("dask_jobqueue"):
+            from daskvec.jobqueue import keep_ctrl_c
+
+            keep_ctrl_c()  # importing dask_jobqueue turned Ctrl-C into sys.exit()
         c = Client(client, direct_to_workers=True)
         return ResolvedClient(c, own_client=True, cluster=client)
     raise TypeError(

@@ -41,7 +41,15 @@ KEYS: dict[str, str] = {name.replace("-", "_"): f"daskvec.{name}" for name in DE
 
 #: Options that are seconds: in the config they may also be Dask time strings ("90s", "5 minutes").
 DURATIONS = frozenset(
-    {"busy_poll", "timeout", "step_timeout", "worker_wait_timeout", "migrate_before", "rebalance_interval"}
+    {
+        "busy_poll",
+        "timeout",
+        "connect_timeout",
+        "step_timeout",
+        "worker_wait_timeout",
+        "migrate_before",
+        "rebalance_interval",
+    }
 )
 
 

@@ -9,12 +9,14 @@ a set of new groups should go given the envs each worker already holds.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from daskvec import _dask
 from daskvec import cluster as _cluster
 from daskvec.errors import WorkerLostError
 from daskvec.options import Options
@@ -51,10 +53,23 @@ class WorkerDirectory:
         self._quarantine: dict[str, float] = {}  # worker -> time.monotonic() it may take envs again
 
     # ------------------------------------------------------------------ what is known
-    def eligible(self) -> list[str]:
-        """Live workers that match the placement options, sorted by address."""
-        info = {"workers": _cluster.scheduler_workers(self.client, self.options.timeout)}
-        return _cluster.eligible_workers(info, self.options.workers, self.options.resources)
+    def eligible(self, known: Mapping[str, Any] | None = None) -> list[str]:
+        """Live workers that match the placement options, sorted by address.
+
+        ``known``: the scheduler's answer already in hand (:meth:`ask_workers`); by
+        default the scheduler is asked now, waiting at most ``timeout``.
+        """
+        workers = _cluster.scheduler_workers(self.client, self.options.timeout) if known is None else known
+        return _cluster.eligible_workers({"workers": workers}, self.options.workers, self.options.resources)
+
+    def ask_workers(self) -> concurrent.futures.Future[dict[str, Any]]:
+        """Ask the scheduler for its workers without waiting; the answer is for :meth:`eligible`.
+
+        The future holds ``{address: worker info}`` or a
+        :class:`~daskvec.errors.SchedulerLostError` within ``timeout`` seconds of the
+        client's event loop asking (see :func:`daskvec._dask.scheduler_workers_soon`).
+        """
+        return _dask.scheduler_workers_soon(self.client, self.options.timeout)
 
     def alive(self, worker: str) -> bool:
         """Whether the scheduler still knows ``worker``."""
@@ -99,11 +114,14 @@ class WorkerDirectory:
                 del self._quarantine[worker]
         return set(self._quarantine)
 
-    def receivers(self) -> list[str]:
-        """Eligible workers that may take envs moved on purpose: neither leaving soon nor quarantined."""
+    def receivers(self, known: Mapping[str, Any] | None = None) -> list[str]:
+        """Eligible workers that may take envs moved on purpose: neither leaving soon nor quarantined.
+
+        ``known``: the scheduler's workers already in hand, as for :meth:`eligible`.
+        """
         now = time.time()
         quarantined = self.quarantined()
-        return [w for w in self.eligible() if not self.leaving(w, now) and w not in quarantined]
+        return [w for w in self.eligible(known) if not self.leaving(w, now) and w not in quarantined]
 
     # ------------------------------------------------------------------ placement
     def wait_for_workers(self, exclude: Sequence[str] = ()) -> list[str]:

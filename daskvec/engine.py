@@ -8,8 +8,10 @@ Both own one :class:`Engine`, which owns the rest:
   embedded cluster it may have started);
 - the :class:`~daskvec.directory.WorkerDirectory`, the :class:`~daskvec.pool.GroupPool`,
   the :class:`~daskvec.recovery.Recovery` and its :class:`~daskvec.recovery.RestartLedger`;
-- the calls that do not depend on a face's layout: resetting the groups while workers
-  may be lost, per-env attribute calls, the dashboard figures, closing.
+- the calls that do not depend on a face's layout: resetting the groups and per-env
+  attribute calls, each a send and a collect (which a face may split, as Gymnasium's
+  ``reset_async``/``reset_wait`` do) sent again while workers are lost, the dashboard
+  figures, closing.
 
 A face keeps its own buffers and info format, its state machine, and decides how a
 rebuilt env is reported (it passes a ``rebuilt`` callback wherever groups may be lost).
@@ -22,7 +24,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -36,12 +38,12 @@ from daskvec.errors import DaskVecEnvError, SchedulerLostError, WorkerLostError
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.options import Options, check_env_fns
 from daskvec.pool import Group, GroupPool, StepOutcome
-from daskvec.protocol import Command, ResetReply, StepReply, unwrap
+from daskvec.protocol import Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild, Recovery, RestartLedger
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "EngineViews", "LostHandler", "Sink"]
+__all__ = ["Engine", "EngineViews", "LostHandler", "Sink", "SpaceCheck", "same_spaces"]
 
 #: Seconds between two reports of the vec env's figures to the dashboard.
 _STATS_INTERVAL = 2.0
@@ -49,6 +51,48 @@ _STATS_INTERVAL = 2.0
 #: What a face does with groups that did not answer: ``(lost groups, seconds waited)``.
 #: It has them rebuilt (``Engine.recovery.handle_lost``) and reports the rebuilds its way.
 LostHandler = Callable[[dict[Group, BaseException], float], None]
+
+#: How a face checks its envs' spaces: ``(observation spaces, action spaces)``, one each
+#: per env in env order, to the spaces the face is to show as one env's (or an error).
+SpaceCheck = Callable[[list[gym.Space[Any]], list[gym.Space[Any]]], tuple[gym.Space[Any], gym.Space[Any]]]
+
+#: One request per group, as sent to it.
+Requests = dict[Group, tuple[Command, tuple[Any, ...]]]
+
+
+def same_spaces(observation_spaces: list[gym.Space[Any]], action_spaces: list[gym.Space[Any]]) -> tuple[Any, Any]:
+    """The default :data:`SpaceCheck`: every env must have env 0's spaces (else ``ValueError``)."""
+    obs0, act0 = observation_spaces[0], action_spaces[0]
+    for i, (o, a) in enumerate(zip(observation_spaces, action_spaces, strict=True)):
+        if o != obs0 or a != act0:
+            raise ValueError(
+                f"env {i} has observation space {o} and action space {a}, but env 0 has "
+                f"{obs0} and {act0}; all envs of a vec env must share their spaces"
+            )
+    return obs0, act0
+
+
+@dataclass
+class _Batch:
+    """A reset or per-env call sent to the groups and not collected yet.
+
+    Attributes
+    ----------
+    command : Command
+        What was asked.
+    kind : type
+        The type of the answers expected (``object``: any value).
+    build : callable
+        The requests, for the groups of the moment: called again when the call is sent
+        anew after groups were lost.
+    wanted : list of int
+        The envs whose results a per-env call returns, in order.
+    """
+
+    command: Command
+    kind: type
+    build: Callable[[], Requests]
+    wanted: list[int]
 
 
 class Sink(Protocol):
@@ -77,6 +121,11 @@ class Engine:
     autoreset : str
         When the groups reset finished envs (:class:`daskvec.protocol.Autoreset`):
         ``"SameStep"`` for Stable-Baselines3, the chosen mode for Gymnasium.
+    always_pass_options : bool
+        Whether the groups call every env's ``reset`` with ``options=`` (Gymnasium) or
+        only when some are given (Stable-Baselines3); see :class:`daskvec.protocol.GroupSpec`.
+    check_spaces : SpaceCheck, optional
+        How the envs' spaces are checked (default :func:`same_spaces`).
     vector : bool
         ``env_fns`` make vectorized envs (a Gymnasium ``VectorEnv``, an EnvPool): one
         group each, stepped with one call (:mod:`daskvec.worker.vector`). The number of
@@ -102,6 +151,8 @@ class Engine:
         options: Options,
         cluster_kwargs: Any = None,
         autoreset: str = "SameStep",
+        always_pass_options: bool = False,
+        check_spaces: SpaceCheck = same_spaces,
         vector: bool = False,
     ) -> None:
         self.env_fns = check_env_fns(env_fns, "vector_env_fns" if vector else "env_fns")
@@ -109,8 +160,11 @@ class Engine:
         self.n_envs = len(self.env_fns)  # a vector engine counts its envs once they are built
         self.closed = False
         self.broken: BaseException | None = None
+        self._batch: _Batch | None = None
+        # a factory that cannot travel is known now, before a cluster starts or is asked anything
+        _cluster.dumps_factories(self.env_fns, range(self.n_envs))
         self.resolved = _cluster.resolve_client(
-            client, connect_timeout=min(options.timeout, 30.0), cluster_kwargs=cluster_kwargs
+            client, connect_timeout=min(options.connect_timeout, options.timeout), cluster_kwargs=cluster_kwargs
         )
         self.client = self.resolved.client
         _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
@@ -119,7 +173,9 @@ class Engine:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport)
             self.options = replace(options, transport=transport, encrypted=encrypted)
             self.directory = WorkerDirectory(self.client, self.options)
-            self.pool = GroupPool(self.client, self.env_fns, self.options, self.directory, autoreset, vector)
+            self.pool = GroupPool(
+                self.client, self.env_fns, self.options, self.directory, autoreset, always_pass_options, vector
+            )
             _cluster.keep_env_workers(self.client, self.options.timeout)
             workers_now = self.directory.wait_for_workers()
             if vector:
@@ -131,7 +187,7 @@ class Engine:
                 layout = _cluster.plan_groups(self.n_envs, len(workers_now), self.options.envs_per_actor)
                 self.pool.spawn(self.directory.assign(layout, workers_now, {}), self.ledger)
             self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
-            self.observation_space, self.action_space = self._check_spaces()
+            self.observation_space, self.action_space = self._check_spaces(check_spaces)
         except BaseException:
             if self.pool is not None:
                 self.pool.teardown(list(self.pool.groups), graceful=False)
@@ -142,19 +198,15 @@ class Engine:
         self._last_stats = time.monotonic()
         self._seeds_warned = False
 
-    def _check_spaces(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
-        """The envs' spaces, after checking that every env has those of env 0."""
+    def _check_spaces(self, check: SpaceCheck) -> tuple[gym.Space[Any], gym.Space[Any]]:
+        """The envs' spaces, as ``check`` accepts them."""
         assert self.pool is not None
-        first = self.pool.groups[0].desc
-        obs0, act0 = first.observation_space, first.action_space
+        obs: list[Any] = [None] * self.n_envs
+        act: list[Any] = [None] * self.n_envs
         for g in self.pool.groups:
-            for pos, (o, a) in enumerate(zip(g.desc.observation_spaces, g.desc.action_spaces, strict=True)):
-                if o != obs0 or a != act0:
-                    raise ValueError(
-                        f"env {g.env_indices[pos]} has observation space {o} and action space {a}, but env 0 has "
-                        f"{obs0} and {act0}; all envs of a vec env must share their spaces"
-                    )
-        return obs0, act0
+            for pos, i in enumerate(g.env_indices):
+                obs[i], act[i] = g.desc.observation_spaces[pos], g.desc.action_spaces[pos]
+        return check(obs, act)
 
     # ------------------------------------------------------------------ views
     @property
@@ -233,8 +285,15 @@ class Engine:
     def send_step(self, actions: Any) -> None:
         """Send every group its rows of ``actions``; do not wait (:meth:`collect_step` reads the replies)."""
         assert self.pool is not None
+        self.settle()
         self.timer.sent()
         self.pool.send_step(actions)
+
+    def ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every reply of what was sent to all groups (a step,
+        a reset, a call) to be in; read nothing. ``False`` if some are still missing."""
+        assert self.pool is not None
+        return self.pool.all_ready(timeout)
 
     def collect_step(self, sink: Sink) -> StepOutcome:
         """Read the replies of the step :meth:`send_step` sent into ``sink`` (``step_timeout`` bounds the wait).
@@ -296,55 +355,165 @@ class Engine:
 
         return on_lost
 
-    # ------------------------------------------------------------------ calls
+    # ------------------------------------------------------------------ resets and calls
     def call(self, requests: dict[Group, Any]) -> dict[Group, Any]:
         """One request per group, waited for once with ``timeout`` (values or exceptions)."""
         assert self.pool is not None
         return self.pool.call(requests, self.options.timeout)
 
-    def reset_groups(
-        self,
-        seeds: Sequence[int | None],
-        options: Sequence[dict[str, Any]],
-        take: Callable[[Group, ResetReply], None],
-        on_lost: LostHandler,
-        mask: Sequence[bool] | None = None,
-    ) -> None:
-        """Reset the envs with the user's seeds and options, rebuilding lost groups and trying again.
+    def _start(self, batch: _Batch) -> None:
+        """Send a reset or per-env call to its groups (once more, after losses); do not wait."""
+        assert self.pool is not None
+        requests = batch.build()
+        self._batch = batch
+        self.pool.send(requests.__getitem__, list(requests))
 
-        ``take(group, reply)`` receives each group's reply. With ``mask`` only the
-        selected envs are reset (groups with none selected are not asked). A group lost
-        on the way is handed to ``on_lost``; every group is then reset again, so that
-        the rebuilt ones start from the user's seeds too.
+    def settle(self) -> None:
+        """Read and drop the replies of a reset or call that an interrupt (Ctrl-C) left in flight.
+
+        A face whose wait was interrupted may resume it (``reset_wait()`` again); one that
+        moves on to another request (a step, a reset, a call, a rollout) gives it up here,
+        so that its channels stay in step.
         """
+        assert self.pool is not None
+        if self._batch is not None and self.pool.stepping:
+            logger.info("dropping the replies of an interrupted %s call", self._batch.command)
+            self.pool.collect(self.options.timeout, lambda _g, _r: None, object)
+        self._batch = None
+
+    def _collect(
+        self,
+        take: Callable[[Group, Any], None],
+        on_lost: LostHandler,
+        attempts: int,
+        gave_up: Callable[[dict[Group, BaseException]], BaseException],
+    ) -> None:
+        """Collect the pending reset or call; groups lost on the way are rebuilt and it is sent again.
+
+        ``take(group, reply)`` receives each answer. After ``attempts`` tries that each lost
+        groups, ``gave_up(lost)`` is raised (the groups rebuilt); an env's exception is
+        raised once the lost groups (if any) were rebuilt. Interrupted (Ctrl-C), the call stays pending: call
+        again to resume.
+        """
+        assert self.pool is not None and self._batch is not None
+        batch = self._batch
+        try:
+            for attempt in range(attempts):
+                if attempt:
+                    self._start(batch)
+                outcome = self.pool.collect(self.options.timeout, take, batch.kind)
+                if outcome.lost:
+                    on_lost(outcome.lost, self.options.timeout)  # rebuilt, so that no group stays lost
+                    if attempt == attempts - 1:
+                        raise gave_up(outcome.lost)
+                if outcome.errors or not outcome.lost:
+                    break
+        finally:
+            if not self.pool.stepping:  # collected; an interrupted wait stays pending
+                self._batch = None
+        if outcome.errors:
+            outcome.errors[0][1].raise_()
+
+    def send_reset(
+        self, seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None], mask: Sequence[bool] | None = None
+    ) -> None:
+        """Send the envs their reset with the user's seeds and options; do not wait (:meth:`collect_reset`).
+
+        With ``mask`` only the selected envs are reset (groups with none selected are
+        not asked).
+        """
+        self.settle()
         self.ledger.set_seeds([s if mask is None or mask[i] else None for i, s in enumerate(seeds)])
         self._warn_fixed_seeds(seeds)
-        for attempt in range(4):
-            requests = {}
+
+        def build() -> Requests:
+            requests: Requests = {}
             for g in self.groups:
                 sub = None if mask is None else [bool(mask[i]) for i in g.env_indices]
                 if sub is not None and not any(sub):
                     continue
                 args: tuple[Any, ...] = ([seeds[i] for i in g.env_indices], [options[i] for i in g.env_indices])
                 requests[g] = (Command.RESET, args if sub is None else (*args, True, sub))
-            replies = self.call(requests)
-            lost = {g: r for g, r in replies.items() if isinstance(r, BaseException)}
-            for g, reply in replies.items():
-                if g not in lost:
-                    take(g, unwrap(reply))
-                    self.ledger.env_errors(g, reply.restarted, self.recovery.steps)
-            if not lost:
-                return
-            if attempt == 3:
-                indices = sorted(i for g in lost for i in g.env_indices)
-                raise WorkerLostError(
-                    f"reset() kept losing the workers of envs {indices}; check the cluster's health",
-                    env_indices=indices,
-                    worker=next(iter(lost)).worker,
-                )
-            # rebuilt groups come back reset with restart seeds; the next pass resets
-            # them again with the user's seeds and options
-            on_lost(lost, self.options.timeout)
+            return requests
+
+        self._start(_Batch(Command.RESET, ResetReply, build, []))
+
+    def collect_reset(self, take: Callable[[Group, ResetReply], None], on_lost: LostHandler) -> None:
+        """Collect the reset :meth:`send_reset` sent: ``take(group, reply)`` receives each group's reply.
+
+        A group lost on the way is handed to ``on_lost``; every group is then reset
+        again, so that the rebuilt ones start from the user's seeds and options too.
+        """
+
+        def take_reply(group: Group, reply: ResetReply) -> None:
+            take(group, reply)
+            self.ledger.env_errors(group, reply.restarted, self.recovery.steps)
+
+        def gave_up(lost: dict[Group, BaseException]) -> BaseException:
+            indices = sorted(i for g in lost for i in g.env_indices)
+            return WorkerLostError(
+                f"reset() kept losing the workers of envs {indices}; check the cluster's health",
+                env_indices=indices,
+                worker=next(iter(lost)).worker,
+            )
+
+        self._collect(take_reply, on_lost, 4, gave_up)
+
+    def reset_groups(
+        self,
+        seeds: Sequence[int | None],
+        options: Sequence[dict[str, Any] | None],
+        take: Callable[[Group, ResetReply], None],
+        on_lost: LostHandler,
+        mask: Sequence[bool] | None = None,
+    ) -> None:
+        """Reset the envs and wait: :meth:`send_reset` then :meth:`collect_reset`."""
+        self.send_reset(seeds, options, mask)
+        self.collect_reset(take, on_lost)
+
+    def send_per_env(
+        self, cmd: Command, make_args: Callable[[Group, list[int]], tuple[Any, ...]], wanted: list[int]
+    ) -> None:
+        """Send an attribute-style command to the envs ``wanted``; do not wait (:meth:`collect_per_env`).
+
+        ``make_args(group, positions)`` gives the command's arguments for the envs at
+        ``positions`` within ``group``.
+        """
+        assert self.pool is not None
+        self.settle()
+        pool = self.pool
+
+        def build() -> Requests:
+            where = pool.by_env()
+            per_group: dict[Group, list[int]] = {}
+            for i in wanted:
+                g, pos = where[i]
+                per_group.setdefault(g, []).append(pos)
+            return {g: (cmd, make_args(g, p)) for g, p in per_group.items()}
+
+        self._start(_Batch(cmd, object, build, list(wanted)))
+
+    def collect_per_env(self, on_lost: LostHandler) -> list[Any]:
+        """The results of the command :meth:`send_per_env` sent, in the order of its ``wanted``."""
+        assert self.pool is not None and self._batch is not None
+        cmd, wanted = self._batch.command, self._batch.wanted
+        values: dict[Group, list[Any]] = {}
+
+        def take(group: Group, reply: Any) -> None:
+            values[group] = list(reply or [])
+
+        def gave_up(lost: dict[Group, BaseException]) -> BaseException:
+            return WorkerLostError(f"{cmd} failed repeatedly because workers were lost", env_indices=wanted, worker="")
+
+        self._collect(take, on_lost, 3, gave_up)
+        where = self.pool.by_env()
+        cursor = dict.fromkeys(values, 0)
+        out = []
+        for i in wanted:
+            g, _ = where[i]
+            out.append(values[g][cursor[g]] if values[g] else None)
+            cursor[g] += 1
+        return out
 
     def _warn_fixed_seeds(self, seeds: Sequence[int | None]) -> None:
         """Warn, once, that seeds were given to envs that take theirs only when made (EnvPool)."""
@@ -368,33 +537,9 @@ class Engine:
         wanted: list[int],
         on_lost: LostHandler,
     ) -> list[Any]:
-        """Run an attribute-style command on the envs ``wanted``; results in that order.
-
-        ``make_args(group, positions)`` gives the command's arguments for the envs at
-        ``positions`` within ``group``.
-        """
-        assert self.pool is not None
-        for _attempt in range(3):
-            where = self.pool.by_env()
-            per_group: dict[Group, list[int]] = {}
-            for i in wanted:
-                g, pos = where[i]
-                per_group.setdefault(g, []).append(pos)
-            replies = self.call({g: (cmd, make_args(g, p)) for g, p in per_group.items()})
-            lost = {g: r for g, r in replies.items() if isinstance(r, BaseException)}
-            if not lost:
-                break
-            on_lost(lost, self.options.timeout)
-        else:
-            raise WorkerLostError(f"{cmd} failed repeatedly because workers were lost", env_indices=wanted, worker="")
-        values = {g: list(unwrap(r) or []) for g, r in replies.items()}
-        cursor = dict.fromkeys(values, 0)
-        out = []
-        for i in wanted:
-            g, _ = where[i]
-            out.append(values[g][cursor[g]] if values[g] else None)
-            cursor[g] += 1
-        return out
+        """Run an attribute-style command on the envs ``wanted`` and wait; results in that order."""
+        self.send_per_env(cmd, make_args, wanted)
+        return self.collect_per_env(on_lost)
 
     # ------------------------------------------------------------------ telemetry and close
     def maybe_publish(self) -> None:

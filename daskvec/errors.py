@@ -1,13 +1,18 @@
 """Exceptions raised by daskvec.
 
 Every error that daskvec raises on its own account derives from
-:class:`DaskVecEnvError`. Errors raised *by an environment* on a worker are
+:class:`DaskVecEnvError`. The call-order errors also derive from Gymnasium's own
+(``ClosedEnvironmentError``, ``AlreadyPendingCallError``, ``NoAsyncCallError``), so that
+code written for ``gymnasium.vector.AsyncVectorEnv`` catches them as it catches
+Gymnasium's, and code written for daskvec as before. Errors raised *by an environment* on a worker are
 re-raised on the client with their original type (an ``AttributeError`` stays an
 ``AttributeError``); daskvec only adds a note with the env index, the worker's
 address and the remote traceback, and sets ``exc.env_index`` and ``exc.worker``.
 """
 
 from __future__ import annotations
+
+from gymnasium import error as gym_error
 
 __all__ = [
     "AlreadySteppingError",
@@ -16,6 +21,7 @@ __all__ = [
     "EnvBuildError",
     "EnvBuildTimeoutError",
     "EnvRestartBudgetExceeded",
+    "MissingMainGuardError",
     "NoAsyncCallError",
     "RemoteEnvError",
     "SchedulerLostError",
@@ -28,19 +34,49 @@ class DaskVecEnvError(RuntimeError):
     """Base class of the errors that daskvec raises itself."""
 
 
-class ClosedEnvError(DaskVecEnvError):
-    """A method was called on a :class:`~daskvec.DaskVecEnv` after ``close()``."""
+class ClosedEnvError(DaskVecEnvError, gym_error.ClosedEnvironmentError):
+    """A method was called on a vec env after ``close()``.
 
-
-class AlreadySteppingError(DaskVecEnvError):
-    """``step_async()`` or another call was made while a step is still pending.
-
-    Call ``step_wait()`` first to collect the pending step.
+    Also a ``gymnasium.error.ClosedEnvironmentError``.
     """
 
 
-class NoAsyncCallError(DaskVecEnvError):
-    """``step_wait()`` was called without a preceding ``step_async()``."""
+class _PendingCallError(DaskVecEnvError):
+    """Gymnasium's call-order errors carry the name of the call concerned (``"step"``, ``"reset"``, ...)."""
+
+    name: str
+
+    def __init__(self, message: str, name: str = "step") -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (str(self), self.name))
+
+
+class AlreadySteppingError(_PendingCallError, gym_error.AlreadyPendingCallError):
+    """A call was made while another (a step, a reset, a call) is still pending.
+
+    Collect the pending one first (``step_wait()``, ``reset_wait()``, ``call_wait()``,
+    or ``recv()`` for partial batches). Also a ``gymnasium.error.AlreadyPendingCallError``.
+
+    Attributes
+    ----------
+    name : str
+        The pending call (``"step"``, ``"reset"``, ``"call"`` or ``"recv"``).
+    """
+
+
+class NoAsyncCallError(_PendingCallError, gym_error.NoAsyncCallError):
+    """A ``*_wait()`` (or ``recv()``) was called without its ``*_async()`` (or ``send()``) first.
+
+    Also a ``gymnasium.error.NoAsyncCallError``.
+
+    Attributes
+    ----------
+    name : str
+        The call that was waited for (``"step"``, ``"reset"``, ``"call"`` or ``"recv"``).
+    """
 
 
 class WorkerLostError(DaskVecEnvError):
@@ -155,4 +191,14 @@ class EnvBuildTimeoutError(EnvBuildError):
 
     The thread (or env process) running the factory is abandoned (killed), so that the
     worker stays free for other work.
+    """
+
+
+class MissingMainGuardError(DaskVecEnvError):
+    """An embedded cluster was about to start from code that every worker process would run again.
+
+    Dask starts the embedded cluster's worker processes with multiprocessing's
+    ``spawn``, which imports the main script again in each of them; code at the top
+    level of that script, outside ``if __name__ == "__main__":``, would then try to
+    start a cluster in every worker. Raised before any process is started.
     """

@@ -31,6 +31,9 @@ import contextlib
 import logging
 import math
 import re
+import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,7 @@ __all__ = [
     "DEFAULT_RESOURCE",
     "JobPlan",
     "cluster_for_envs",
+    "keep_ctrl_c",
     "parse_walltime",
     "plan_jobs",
     "scale_for_envs",
@@ -54,6 +58,51 @@ _SCALINGS = ("adapt", "fixed", "none")
 
 # Batch systems whose walltime is written ``[hours:]minutes`` rather than ``[[days-]hours:]minutes:seconds``.
 _MINUTE_FORMATS = ("lsf",)
+
+
+_SigintHandler = Callable[[int, Any], Any] | int | None
+
+
+def _is_jobqueue_handler(handler: _SigintHandler) -> bool:
+    return str(getattr(handler, "__module__", "") or "").startswith("dask_jobqueue")
+
+
+#: The SIGINT handler when this module was imported, unless dask-jobqueue had replaced it already.
+_SIGINT_BEFORE: _SigintHandler = signal.getsignal(signal.SIGINT)
+if _is_jobqueue_handler(_SIGINT_BEFORE):
+    _SIGINT_BEFORE = signal.default_int_handler
+
+
+def keep_ctrl_c() -> bool:
+    """Put back the SIGINT handler that importing dask-jobqueue replaced, so Ctrl-C stays a ``KeyboardInterrupt``.
+
+    ``import dask_jobqueue`` (0.9) installs a SIGINT handler that calls ``sys.exit()``
+    (its runners' scheduler and worker processes stop themselves with SIGINT; they
+    never run daskvec's code). From then on Ctrl-C during ``model.learn`` is a
+    ``SystemExit``, which code catching ``KeyboardInterrupt`` (a training loop that
+    saves and stops, ``daskvec train``'s "interrupted") does not expect.
+
+    Called when this module is imported, by :func:`cluster_for_envs` and
+    :func:`scale_for_envs`, and by ``DaskVecEnv`` given a dask-jobqueue cluster. It puts
+    back the handler this module found when it was imported (Python's own if
+    dask-jobqueue was imported first). A handler that is not dask-jobqueue's is left
+    alone, as is everything outside the main thread, where handlers cannot be set.
+
+    Returns
+    -------
+    bool
+        Whether a handler was put back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if not _is_jobqueue_handler(signal.getsignal(signal.SIGINT)):
+        return False
+    signal.signal(signal.SIGINT, _SIGINT_BEFORE)
+    logger.debug("put back the SIGINT handler that importing dask_jobqueue replaced (Ctrl-C: KeyboardInterrupt)")
+    return True
+
+
+keep_ctrl_c()  # dask_jobqueue imported before this module (``from dask_jobqueue import SLURMCluster`` first)
 
 
 def parse_walltime(walltime: str | int | float, system: str = "slurm") -> float:
@@ -384,6 +433,7 @@ def cluster_for_envs(
         If ``wait`` is given and the workers did not all join in time (the cluster
         is closed first).
     """
+    keep_ctrl_c()
     _refuse_planned_kwargs(cluster_kwargs)
     system = _config_name(cluster_cls, cluster_kwargs)
     plan = plan_jobs(n_envs, envs_per_worker=envs_per_worker, processes_per_job=processes_per_job,
@@ -532,6 +582,7 @@ def scale_for_envs(
     TimeoutError
         If ``wait`` is given and the workers did not all join in time.
     """
+    keep_ctrl_c()
     if scaling not in ("adapt", "fixed"):
         raise ValueError(f"scaling must be 'adapt' or 'fixed', not {scaling!r}")
     if not isinstance(spare_jobs, int) or spare_jobs < 0:

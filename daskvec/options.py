@@ -22,7 +22,7 @@ import gymnasium as gym
 from daskvec import config
 from daskvec.transport import check_busy_poll
 
-__all__ = ["Options", "check_env_fns", "ignore_subproc_keywords"]
+__all__ = ["Options", "check_env_fns", "ignore_async_keywords", "ignore_subproc_keywords"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "env_process": _flag,
     "busy_poll": lambda name, value: None if value is None else check_busy_poll(value, name),
     "timeout": _seconds,
+    "connect_timeout": _seconds,
     "step_timeout": lambda name, value: None if value is None else _seconds(name, value),
     "on_worker_lost": lambda name, value: _choice(name, value, ON_WORKER_LOST),
     "on_env_error": lambda name, value: _choice(name, value, ON_ENV_ERROR),
@@ -122,6 +123,7 @@ class Options:
     env_process: bool = False
     busy_poll: float | None = None
     timeout: float = 300.0
+    connect_timeout: float = 5.0
     step_timeout: float = 60.0
     on_worker_lost: str = "restart"
     on_env_error: str = "raise"
@@ -183,13 +185,35 @@ def ignore_subproc_keywords(**given: Any) -> None:
     ``make_vec_env(..., vec_env_kwargs=...)``); there is nothing for it to choose here.
     Keywords left at ``None`` are not mentioned.
     """
+    _log_ignored(
+        "DaskVecEnv",
+        "SubprocVecEnv's process start method has no counterpart here",
+        given,
+    )
+
+
+def ignore_async_keywords(**given: Any) -> None:
+    """Log, once per call, the ``AsyncVectorEnv`` keywords that ``DaskVectorEnv`` accepts and ignores.
+
+    Code written for Gymnasium's ``AsyncVectorEnv`` passes ``shared_memory``,
+    ``context``, ``daemon``, ``worker`` or ``max_concurrency`` (directly, or through
+    ``make_vec(..., vector_kwargs=...)``): they choose how its subprocesses are started
+    and fed, which Dask does here. Keywords left at ``None`` are not mentioned.
+    """
+    _log_ignored(
+        "DaskVectorEnv",
+        "these choices of AsyncVectorEnv's subprocesses (shared memory, start method, daemon flag, "
+        "worker function, concurrency limit) have no counterpart here",
+        given,
+    )
+
+
+def _log_ignored(face: str, why: str, given: dict[str, Any]) -> None:
     ignored = {name: value for name, value in given.items() if value is not None}
     if ignored:
         listed = ", ".join(f"{name}={value!r}" for name, value in ignored.items())
         logger.info(
-            "DaskVecEnv ignores %s: its envs live in Dask workers, whose processes Dask starts, "
-            "so SubprocVecEnv's process start method has no counterpart here",
-            listed,
+            "%s ignores %s: its envs live in Dask workers, whose processes Dask starts, so %s", face, listed, why
         )
 
 

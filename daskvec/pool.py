@@ -134,7 +134,7 @@ class StepOutcome:
 
     def file(self, g: Group, reply: Any, kind: type = StepReply) -> bool:
         """File ``g``'s reply: True for a ``kind`` reply (its env time counted), else an error or a loss."""
-        if isinstance(reply, kind):
+        if _answers(reply, kind):
             self.env_seconds = max(self.env_seconds, getattr(reply, "env_seconds", 0.0))
             return True
         if isinstance(reply, RemoteError):
@@ -144,6 +144,11 @@ class StepOutcome:
         else:
             raise RuntimeError(f"daskvec internal error: unexpected reply {type(reply).__name__}")
         return False
+
+
+def _answers(reply: Any, kind: type) -> bool:
+    """Whether ``reply`` is the answer a request expected (``kind``: ``object`` for any value), not an error."""
+    return isinstance(reply, kind) and not isinstance(reply, (RemoteError, BaseException))
 
 
 #: The reply of a group in flight that has not been read yet.
@@ -195,6 +200,9 @@ class GroupPool:
     autoreset : str
         When the groups reset finished envs (a :class:`daskvec.protocol.Autoreset`
         value); Stable-Baselines3's ``"SameStep"`` by default.
+    always_pass_options : bool
+        Whether the groups call ``env.reset(seed=..., options=...)`` always (Gymnasium's
+        way, see :class:`daskvec.protocol.GroupSpec`) or ``options=`` only when given.
     vector : bool
         ``env_fns`` are factories of vectorized envs: each makes one group of its own,
         which is never split nor merged (:meth:`spawn_vectors` creates and numbers them).
@@ -207,10 +215,13 @@ class GroupPool:
         options: Options,
         directory: WorkerDirectory,
         autoreset: str = "SameStep",
+        always_pass_options: bool = False,
         vector: bool = False,
     ):
         self.client = client
-        self.autoreset = autoreset  # issue 16: given to every group it creates (daskvec.protocol.Autoreset)
+        # how the face wants its groups to reset envs, given to every group created
+        self.autoreset = autoreset
+        self.always_pass_options = always_pass_options
         self.env_fns = env_fns
         self.options = options
         self.directory = directory
@@ -394,6 +405,7 @@ class GroupPool:
             busy_poll=self.options.busy_poll,
             send_masks=self.options.cache_action_masks,
             autoreset=self.autoreset,
+            always_pass_options=self.always_pass_options,
             tls=self.options.encrypted,  # the group's TCP channel speaks TLS
             build_timeout=self.options.timeout,  # the worker gives up first (_BUILD_MARGIN)
             vector=self.vector,
@@ -446,6 +458,8 @@ class GroupPool:
         if self.transport == "actor" or token is None or desc.address is None:
             return ActorChannel(actor)
         timeout = min(self.options.timeout, 5.0)
+        # a group that stops reading holds a request no longer than any reply may take
+        send_timeout = max(self.options.timeout, self.options.step_timeout)
         secured_worker = _cluster.address_scheme(str(desc.worker)) not in _cluster.PLAIN_SCHEMES
         if secured_worker and not self.options.encrypted and self.transport != "direct-insecure":
             # a secured worker joined a cluster that looked plain: never plaintext to it unasked
@@ -454,11 +468,13 @@ class GroupPool:
         ssl_context = _cluster.client_ssl_context(self.client) if self.options.encrypted else None
         if ssl_context is None and desc.unix_path and desc.machine == machine_id():
             try:
-                return DirectChannel(desc.unix_path, token, connect_timeout=timeout)
+                return DirectChannel(desc.unix_path, token, connect_timeout=timeout, send_timeout=send_timeout)
             except ChannelError as e:  # e.g. a container that shares the host name, not the files
                 logger.debug("Unix socket of the env group on %s unusable (%s); using TCP", desc.worker, e)
         try:
-            return DirectChannel(tuple(desc.address), token, connect_timeout=timeout, ssl_context=ssl_context)
+            return DirectChannel(
+                tuple(desc.address), token, connect_timeout=timeout, ssl_context=ssl_context, send_timeout=send_timeout
+            )
         except ChannelError as e:
             if self.transport in ("direct", "direct-insecure"):
                 raise DaskVecEnvError(
@@ -469,17 +485,34 @@ class GroupPool:
             return ActorChannel(actor)
 
     def _warn_profiler(self, desc: GroupDesc) -> None:
-        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``)."""
+        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``).
+
+        The warning ends with the one line that turns the profiler off where these
+        workers get their config: before a ``LocalCluster`` of this process is created,
+        or in the environment of ``dask worker``.
+        """
         worker = desc.worker
         if not desc.profiler_hazard or worker in self._profiler_warned:
             return
         self._profiler_warned.add(worker)
+        from distributed import LocalCluster
+
+        if isinstance(getattr(self.client, "cluster", None), LocalCluster):
+            fix = (
+                'add `dask.config.set({"distributed.worker.profile.enabled": False})` before creating '
+                "the LocalCluster (its workers start with this process's Dask config)"
+            )
+        else:
+            fix = (
+                "start the workers with DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False in their environment "
+                "(`DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker ...`, or "
+                "distributed.worker.profile.enabled: false in their Dask config)"
+            )
         logger.warning(
-            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can "
-            "deadlock a worker while env groups start their threads (python/cpython#106883); "
-            "start the workers with the config distributed.worker.profile.enabled: false "
-            "(env var DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False) or use Python 3.12+",
+            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can deadlock a worker "
+            "while env groups start their threads (python/cpython#106883); %s, or use Python 3.12+",
             worker,
+            fix,
         )
 
     # ------------------------------------------------------------------ release
@@ -601,7 +634,7 @@ class GroupPool:
         try:
             for f in waiting:
                 f.reply = next(replies)
-                if isinstance(f.reply, kind):
+                if _answers(f.reply, kind):
                     take(f.group, f.reply)
         except BaseException:
             if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain
@@ -614,6 +647,21 @@ class GroupPool:
         for f in flights:
             outcome.file(f.group, f.reply, kind)
         return outcome
+
+    def all_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every group sent a request by :meth:`send` has its reply in.
+
+        Nothing is read: :meth:`collect` reads the replies. A group whose worker is gone
+        counts as ready (its channel reports it).
+        """
+        waiting = [f.group.channel for f in self._flights.values() if f.batch and f.waiting]
+        deadline = time.monotonic() + timeout
+        while waiting:
+            ready = set(wait_ready(waiting, max(deadline - time.monotonic(), 0.0)))
+            if not ready:
+                return False
+            waiting = [ch for k, ch in enumerate(waiting) if k not in ready]
+        return True
 
     def _land(self, flights: Sequence[Flight]) -> None:
         for f in flights:

@@ -28,12 +28,16 @@ from typing import Any, NoReturn
 import numpy as np
 
 __all__ = [
+    "EMPTY",
     "INFO_KEY",
     "MASK_METHOD",
     "Autoreset",
     "Command",
+    "ExplorationPlan",
     "GroupDesc",
+    "OUNoise",
     "GroupSpec",
+    "PerEnv",
     "RemoteError",
     "FrameStack",
     "ObsPipeline",
@@ -84,6 +88,8 @@ class Command(enum.StrEnum):
     ROLLOUT = "rollout"  # (RolloutRequest,) -> RolloutReply
     # vector envs as groups: a vector group learns its envs' vec-env indices once its size is known
     NUMBER = "number"  # (env_indices,) -> None
+    # off-policy collections (DaskSAC, DaskTD3, DaskDQN): a rollout whose actions explore as planned
+    OFF_POLICY = "off_policy"  # (RolloutRequest with an ExplorationPlan,) -> RolloutReply
 
 
 class Autoreset(enum.StrEnum):
@@ -101,6 +107,18 @@ class Autoreset(enum.StrEnum):
     NEXT_STEP = "NextStep"
     #: Never reset on its own: the client resets chosen envs (``RESET`` with a mask).
     DISABLED = "Disabled"
+
+
+class PerEnv(tuple[Any, ...]):
+    """A group's observations one env at a time, for spaces that do not stack into arrays.
+
+    Gymnasium batches ``Graph``, ``Text``, ``Sequence``, ``OneOf`` and custom spaces as a
+    tuple of per-env values (``gymnasium.vector.utils.concatenate``); a group sends
+    theirs as this tuple, whose own type keeps it apart from the entries of a ``Tuple``
+    space's observations.
+    """
+
+    __slots__ = ()
 
 
 def restart_seed(env_index: int, restarts: int, base_seed: int | None = None) -> int:
@@ -165,6 +183,12 @@ class GroupSpec:
         ``VectorEnv`` or an EnvPool instance), stepped with one call per request
         (:mod:`daskvec.worker.vector`). Its ``env_indices`` may be empty when the group
         is first built: its size is known only then, and ``Command.NUMBER`` gives them.
+    always_pass_options : bool
+        Call every env's ``reset`` with both ``seed=`` and ``options=`` (``None`` when
+        none were given), as Gymnasium's vector envs call it on ``reset()``; autoresets
+        and restarts too, so that an env whose ``options`` parameter has no default
+        never meets a reset without it. Otherwise (Stable-Baselines3's vec envs)
+        ``options=`` is passed only when there are some.
     """
 
     env_indices: tuple[int, ...]
@@ -180,6 +204,7 @@ class GroupSpec:
     tls: bool = False
     build_timeout: float | None = None
     vector: bool = False
+    always_pass_options: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +268,28 @@ class GroupDesc:
     def action_space(self) -> Any:
         """The first env's action space."""
         return self.action_spaces[0]
+
+
+class _ReadOnlyEmpty(dict[Any, Any]):
+    """An empty dict that refuses to be filled (see :data:`EMPTY`)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("daskvec internal error: the shared empty mapping of a reply is read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    setdefault = update = pop = popitem = clear = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, ()  # a copy elsewhere is an ordinary empty dict
+
+
+#: The one empty mapping that every client-side reply without entries shares, in place of
+#: fresh empty dicts (a quiet step reply has four sparse columns, all empty). Readers only
+#: read a reply's columns; filling this one raises ``TypeError`` instead of leaking into
+#: every other reply.
+EMPTY: dict[Any, Any] = _ReadOnlyEmpty()
 
 
 @dataclass(slots=True, eq=False)
@@ -404,6 +451,10 @@ class RolloutRequest:
         What the VecEnv wrappers between the envs and the policy do to the
         observations (frame stacks, transpositions), with their state; ``None``: the
         policy sees the envs' observations (normalised with ``obs_norm``).
+    explore : ExplorationPlan or None
+        For an off-policy collection (:attr:`Command.OFF_POLICY`): the random actions
+        and action noise of every step, decided on the client; ``policy`` is then the
+        learner's actor (or Q-network).
     """
 
     version: int
@@ -413,6 +464,7 @@ class RolloutRequest:
     obs_norm: dict[str, Any] | None = None
     seed: int | None = None
     obs_pipeline: ObsPipeline | None = None
+    explore: ExplorationPlan | None = None
 
     def shorter(self, by: int) -> RolloutRequest:
         """The same request for ``by`` fewer steps (the rest of a rollout, recollected).
@@ -424,10 +476,14 @@ class RolloutRequest:
         return dataclasses.replace(self, n_steps=self.n_steps - by, obs_pipeline=pipeline)
 
     def for_envs(self, env_indices: Sequence[int]) -> RolloutRequest:
-        """The request for the group holding ``env_indices``: its rows of the pipeline's state."""
-        if self.obs_pipeline is None:
+        """The request for the group holding ``env_indices``: its rows of the pipeline's state and exploration plan."""
+        if self.obs_pipeline is None and self.explore is None:
             return self
-        return dataclasses.replace(self, obs_pipeline=self.obs_pipeline.rows(env_indices))
+        return dataclasses.replace(
+            self,
+            obs_pipeline=None if self.obs_pipeline is None else self.obs_pipeline.rows(env_indices),
+            explore=None if self.explore is None else self.explore.rows(env_indices),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,10 +641,92 @@ class RolloutReply:
             self.rewards[t],
             self.terminated[t],
             self.truncated[t],
-            final_obs=self.final_obs.get(t, {}),
-            infos=self.infos.get(t, {}),
-            reset_infos=self.reset_infos.get(t, {}),
-            restarted=self.restarted.get(t, {}),
+            final_obs=self.final_obs.get(t, EMPTY),
+            infos=self.infos.get(t, EMPTY),
+            reset_infos=self.reset_infos.get(t, EMPTY),
+            restarted=self.restarted.get(t, EMPTY),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OUNoise:
+    """One env's Ornstein-Uhlenbeck action noise, as Stable-Baselines3's ``OrnsteinUhlenbeckActionNoise`` holds it.
+
+    Attributes
+    ----------
+    theta, dt : float
+        Rate of mean reversion and time step.
+    mu, sigma : numpy.ndarray
+        Mean and scale, shaped as one action.
+    initial : numpy.ndarray or None
+        The state a reset returns to (``None``: zeros).
+    prev : numpy.ndarray
+        The state at the start of the collection.
+    dtype : numpy.dtype
+        The noise values' type.
+    """
+
+    theta: float
+    mu: np.ndarray
+    sigma: np.ndarray
+    dt: float
+    initial: np.ndarray | None
+    prev: np.ndarray
+    dtype: Any
+
+    def next(self, prev: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``(state, noise value)`` from state ``prev`` and standard normal draws ``z``.
+
+        The same operations in the same order as SB3's ``__call__``, so that client and
+        worker get the same bits.
+        """
+        noise = prev + self.theta * (self.mu - prev) * self.dt + self.sigma * np.sqrt(self.dt) * z
+        return noise, noise.astype(self.dtype)
+
+    def reset_state(self) -> np.ndarray:
+        """The state after an episode's end (SB3's ``reset``)."""
+        return self.initial if self.initial is not None else np.zeros_like(self.mu)
+
+
+@dataclass(slots=True, eq=False)
+class ExplorationPlan:
+    """How an off-policy learner explores during one collection of ``n_steps`` vec-steps.
+
+    Everything random that Stable-Baselines3's ``OffPolicyAlgorithm.collect_rollouts``
+    draws on the client (the warm-up's and epsilon-greedy's uniform actions, the
+    action noise's normal draws) is drawn on the client in advance, with the same
+    calls in the same order, and travels with the request; each group is sent its
+    envs' rows (:meth:`rows`, :func:`daskvec.worker.offpolicy.run_off_policy`).
+
+    Attributes
+    ----------
+    n_steps : int
+        Vec-steps of the whole collection (a recollected fragment runs the last ones).
+    random_actions : dict of int to numpy.ndarray
+        By step: every env's action, in the action space's own scale, for the steps
+        taken at random (before ``learning_starts``, or when DQN's epsilon draw says so);
+        the policy acts at the other steps.
+    noise : numpy.ndarray or None
+        ``(n_steps, n_envs, *action shape)``: the Gaussian noise values, or, with
+        :attr:`ou`, the standard normal draws of the Ornstein-Uhlenbeck process;
+        ``None``: no action noise.
+    ou : tuple of OUNoise or None
+        One per env when the noise is Ornstein-Uhlenbeck.
+    """
+
+    n_steps: int
+    random_actions: dict[int, np.ndarray] = field(default_factory=dict)
+    noise: np.ndarray | None = None
+    ou: tuple[OUNoise, ...] | None = None
+
+    def rows(self, indices: Sequence[int]) -> ExplorationPlan:
+        """The plan of the envs ``indices`` only, in that order."""
+        idx = list(indices)
+        return ExplorationPlan(
+            self.n_steps,
+            {t: np.asarray(a)[idx] for t, a in self.random_actions.items()},
+            None if self.noise is None else self.noise[:, idx],
+            None if self.ou is None else tuple(self.ou[i] for i in idx),
         )
 
 

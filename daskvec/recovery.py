@@ -17,14 +17,16 @@ exactly the envs of the groups it creates, each once. :func:`check_plan` enforce
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from daskvec import _dask
 from daskvec.directory import Layout, WorkerDirectory
 from daskvec.errors import StepTimeoutError, WorkerLostError
 from daskvec.options import Options
@@ -293,6 +295,10 @@ Moves = tuple[list[Group], Layout]
 #: Rebuild attempts before the envs count as lost for good.
 _ATTEMPTS = 4
 
+#: Seconds beyond ``timeout`` after which a worker list asked for a rebalance and never
+#: answered (the client's event loop never ran the question) counts as a lost scheduler.
+_CENSUS_GRACE = 5.0
+
 
 class Recovery:
     """Rebuilds groups that were lost, hung or moved, and plans the moves.
@@ -319,6 +325,10 @@ class Recovery:
         self._moves: Moves | None = None
         self._next_migrate_check = 0.0
         self._last_rebalance_check = time.monotonic()
+        # the scheduler's worker list, asked for the periodic rebalance and not read yet,
+        # and by when it must have come (the stepping thread never waits for it)
+        self._census: concurrent.futures.Future[dict[str, Any]] | None = None
+        self._census_deadline = 0.0
 
     # ------------------------------------------------------------------ lost groups
     def handle_lost(self, lost: dict[Group, BaseException], waited: float) -> list[Rebuild]:
@@ -384,7 +394,7 @@ class Recovery:
             spawned = self.pool.spawn(layout, self.ledger, exclude=sorted(bad))
             requests: dict[Group, Any] = {}
             for g in spawned:  # restart seeds, which do not replace the user's seeds
-                requests[g] = (Command.RESET, ([seeds[i] for i in g.env_indices], [{}] * len(g.env_indices), False))
+                requests[g] = (Command.RESET, ([seeds[i] for i in g.env_indices], [None] * len(g.env_indices), False))
             replies = self.pool.call(requests, self.options.timeout)
             failed = [g for g in spawned if isinstance(replies[g], BaseException)]
             for g in spawned:
@@ -424,13 +434,19 @@ class Recovery:
 
     @property
     def migration_due(self) -> bool:
-        """Whether :meth:`migrate` may have something to do now (cheap: no scan of the groups)."""
+        """Whether :meth:`migrate` may have something to do now (cheap: no scan of the groups, no scheduler call)."""
         if self._moves is not None:
             return True
         now = time.monotonic()
-        if self.options.auto_rebalance and now - self._last_rebalance_check > self.options.rebalance_interval:
+        if self.options.auto_rebalance and self._rebalance_due(now):
             return True
         return self.directory.any_deadline and now >= self._next_migrate_check
+
+    def _rebalance_due(self, now: float) -> bool:
+        """Whether the periodic rebalance should ask for the workers, or has their answer (or waited too long)."""
+        if self._census is None:
+            return now - self._last_rebalance_check > self.options.rebalance_interval
+        return self._census.done() or now >= self._census_deadline
 
     def migrate(self, only: Collection[Group] | None = None) -> list[Rebuild]:
         """Carry out due moves: a planned rebalance, or groups near their worker's end.
@@ -439,12 +455,8 @@ class Recovery:
         hands out, since others may have a step in flight); a planned rebalance that
         needs others waits.
         """
-        if (
-            self.options.auto_rebalance
-            and time.monotonic() - self._last_rebalance_check > self.options.rebalance_interval
-        ):
-            self._last_rebalance_check = time.monotonic()
-            self.plan_rebalance()
+        if self.options.auto_rebalance and self._rebalance_due(time.monotonic()):
+            self._auto_rebalance()
         moves = self._moves
         if moves is not None and any(g not in self.pool.groups for g in moves[0]):
             moves = self._moves = None  # groups changed since the plan was made (e.g. a worker was lost): replan later
@@ -480,12 +492,35 @@ class Recovery:
             return None
         return leaving, self.directory.assign([list(g.env_indices) for g in leaving], staying, self.pool.load())
 
-    def plan_rebalance(self) -> int:
-        """Plan the moves that even out envs over the receiving workers; return how many envs move."""
+    def _auto_rebalance(self) -> None:
+        """The periodic rebalance, in two steps that never wait for the scheduler.
+
+        First ask for the scheduler's workers (the answer comes on the client's event
+        loop); at a later step, once it is in, plan from it. A question unanswered
+        past ``timeout`` (the scheduler frozen or gone) raises
+        :class:`~daskvec.errors.SchedulerLostError`, as a blocking call would have.
+        """
+        census, self._census = self._census, None
+        if census is None:
+            self._last_rebalance_check = time.monotonic()
+            self._census = self.directory.ask_workers()
+            self._census_deadline = self._last_rebalance_check + self.options.timeout + _CENSUS_GRACE
+            return
+        if not census.done():
+            census.cancel()
+            raise _dask.scheduler_lost(self.pool.client, TimeoutError(), self.options.timeout + _CENSUS_GRACE)
+        self.plan_rebalance(census.result())  # the SchedulerLostError of a failed question, if it failed
+
+    def plan_rebalance(self, workers: Mapping[str, Any] | None = None) -> int:
+        """Plan the moves that even out envs over the receiving workers; return how many envs move.
+
+        ``workers``: the scheduler's worker list already in hand
+        (:meth:`WorkerDirectory.ask_workers`); by default the scheduler is asked now.
+        """
         groups = list(self.pool.groups)
         plan = plan_rebalance(
             [(g.env_indices, g.worker) for g in groups],
-            self.directory.receivers(),
+            self.directory.receivers(workers),
             self.options.envs_per_actor,
             whole_groups=self.pool.vector,
         )

@@ -38,7 +38,7 @@ from daskvec.cluster import dumps_by_value
 from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.pool import Group, StepOutcome
-from daskvec.protocol import Command, ObsPipeline, RolloutReply, RolloutRequest, StepReply
+from daskvec.protocol import Command, ExplorationPlan, ObsPipeline, RolloutReply, RolloutRequest, StepReply
 from daskvec.recovery import Rebuild
 
 logger = logging.getLogger(__name__)
@@ -101,12 +101,18 @@ class PolicyShipment:
         return self
 
     def request(
-        self, n_steps: int, obs_norm: dict[str, Any] | None = None, obs_pipeline: ObsPipeline | None = None
+        self,
+        n_steps: int,
+        obs_norm: dict[str, Any] | None = None,
+        obs_pipeline: ObsPipeline | None = None,
+        explore: ExplorationPlan | None = None,
     ) -> RolloutRequest:
-        """The request for a rollout of ``n_steps`` (each group gets its rows of ``obs_pipeline``)."""
+        """The request for a rollout of ``n_steps`` (with a frame-stack pipeline, or off-policy exploration)."""
         if self.version < 0:
             raise RuntimeError("PolicyShipment.update(policy) must be called before request()")
-        return RolloutRequest(self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed, obs_pipeline)
+        return RolloutRequest(
+            self.version, self.blob, self.state, int(n_steps), obs_norm, self.seed, obs_pipeline, explore
+        )
 
 
 @dataclass(eq=False)
@@ -269,12 +275,16 @@ def _put(dst: Any, where: Any, src: Any) -> None:
 
 
 # --------------------------------------------------------------------------- collecting
-def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> Collected:
+def collect_rollout(
+    engine: Engine, request: RolloutRequest, timeout: float, command: Command = Command.ROLLOUT
+) -> Collected:
     """Collect a rollout on ``engine``'s groups (see :meth:`daskvec.DaskVecEnv.collect_rollout`).
 
     Each pass is finished by :meth:`Engine.finish <daskvec.engine.Engine.finish>`: lost
     groups rebuilt, an env's error raised, moves carried out on the last pass; a lost
     fragment is recollected from its rebuilt envs for the rest of the rollout.
+    ``command`` is :attr:`Command.ROLLOUT` or, for an off-policy collection,
+    :attr:`Command.OFF_POLICY`.
     """
     started = time.perf_counter()
     n_steps = request.n_steps
@@ -283,7 +293,7 @@ def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> 
     groups = list(engine.groups)
     for attempt in range(_ATTEMPTS + 1):
         offset = 0 if attempt == 0 else 1
-        outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout)
+        outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout, command)
         if outcome.lost and attempt == _ATTEMPTS:
             lost = sorted(i for g in outcome.lost for i in g.env_indices)
             with engine.fail_stop():
@@ -300,8 +310,9 @@ def collect_rollout(engine: Engine, request: RolloutRequest, timeout: float) -> 
 
 
 def _run(
-    engine: Engine, groups: list[Group], request: RolloutRequest, parts: dict[Group, Part], offset: int, timeout: float
-) -> StepOutcome:
+    engine: Engine, groups: list[Group], request: RolloutRequest, parts: dict[Group, Part], offset: int,
+    timeout: float, command: Command = Command.ROLLOUT,
+) -> StepOutcome:  # fmt: skip
     """Send ``request`` to ``groups`` and collect their fragments into ``parts``.
 
     Interrupted while fragments are on their way, the engine breaks: they could not be
@@ -313,6 +324,7 @@ def _run(
         parts[g] = Part(g, reply, offset)
 
     with engine.fail_stop():
-        engine.pool.send(lambda g: (Command.ROLLOUT, (request.for_envs(g.env_indices),)), groups)
+        engine.settle()
+        engine.pool.send(lambda g: (command, (request.for_envs(g.env_indices),)), groups)
         outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
     return outcome

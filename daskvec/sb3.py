@@ -20,6 +20,9 @@ Anything else falls back to SB3's own loop: a non-daskvec env silently (the clas
 are then exactly PPO and A2C); with ``use_sde``, a Tuple observation space, another
 VecEnv wrapper, or a ``VecNormalize`` under another wrapper, with one warning. See
 docs/rollouts.md.
+
+The off-policy learners :class:`DaskSAC`, :class:`DaskTD3`, :class:`DaskDDPG` and
+:class:`DaskDQN` (:mod:`daskvec.offpolicy`, docs/offpolicy.md) are exported here too.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch as th
@@ -57,7 +60,34 @@ from daskvec.worker.obs import normalize_obs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DaskA2C", "DaskPPO", "DaskVecEnvMetrics", "RolloutPlan", "obs_stages", "plan_rollouts"]
+if TYPE_CHECKING:
+    from daskvec.offpolicy import DaskDDPG, DaskDQN, DaskSAC, DaskTD3
+
+__all__ = [
+    "DaskA2C",
+    "DaskDDPG",
+    "DaskDQN",
+    "DaskPPO",
+    "DaskSAC",
+    "DaskTD3",
+    "DaskVecEnvMetrics",
+    "RolloutPlan",
+    "obs_stages",
+    "plan_rollouts",
+]
+
+#: The off-policy learners, defined in :mod:`daskvec.offpolicy` (which builds on this module).
+_OFF_POLICY = ("DaskDDPG", "DaskDQN", "DaskSAC", "DaskTD3")
+
+
+def __getattr__(name: str) -> Any:
+    # imported when first asked for: daskvec.offpolicy imports this module
+    if name in _OFF_POLICY:
+        from daskvec import offpolicy
+
+        return getattr(offpolicy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Wrappers whose effect is reproduced faithfully around worker-side rollouts.
 SUPPORTED_WRAPPERS = (VecMonitor, VecNormalize, VecFrameStack, VecTransposeImage)

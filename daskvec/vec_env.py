@@ -36,7 +36,7 @@ from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
 from daskvec.pool import Group
-from daskvec.protocol import MASK_METHOD, Command, ObsPipeline, ResetReply, StepReply
+from daskvec.protocol import MASK_METHOD, Command, ExplorationPlan, ObsPipeline, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.rollout import PolicyShipment, Rollout, collect_rollout
 
@@ -98,7 +98,7 @@ class DaskVecEnv(EngineViews, VecEnv):
         it did not create.
     envs_per_actor : int, optional
         Envs per actor. Default: one actor per eligible worker, envs spread evenly.
-        This option and those from ``transport`` to ``rebalance_interval`` default to
+        This option and those from ``transport`` to ``cache_action_masks`` default to
         ``None``: Dask's config ``daskvec.<name>`` (docs/configuration.md; its default here).
     workers : list of str, optional
         Addresses or names of the workers that may hold envs.
@@ -130,6 +130,9 @@ class DaskVecEnv(EngineViews, VecEnv):
         given, each worker reads its own ``daskvec.busy-poll``.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
+    connect_timeout : float
+        Seconds a scheduler address given as ``client`` may take to answer (default 5,
+        at most ``timeout``); then a ``ValueError`` names the address.
     step_timeout : float, optional
         Seconds a step may take before its envs are treated as hung and rebuilt
         elsewhere (default 60: a frozen worker stalls the run at most that long;
@@ -205,6 +208,7 @@ class DaskVecEnv(EngineViews, VecEnv):
         env_process: bool | None = None,
         busy_poll: float | None = None,
         timeout: float | None = None,
+        connect_timeout: float | None = None,
         step_timeout: float | None = None,
         on_worker_lost: str | None = None,
         on_env_error: str | None = None,
@@ -394,6 +398,7 @@ class DaskVecEnv(EngineViews, VecEnv):
         n_steps: int,
         obs_norm: dict[str, Any] | None = None,
         obs_pipeline: ObsPipeline | None = None,
+        explore: ExplorationPlan | None = None,
     ) -> Rollout:
         """Run every env for ``n_steps`` on its worker with the shipped policy (issue 13).
 
@@ -417,6 +422,10 @@ class DaskVecEnv(EngineViews, VecEnv):
             The frame stacks and transpositions of the VecEnv wrappers between this vec
             env and the policy, with their state (a row per env), for the workers to
             repeat.
+        explore : ExplorationPlan, optional
+            An off-policy collection (:class:`daskvec.sb3.DaskSAC` and the others): the
+            shipped policy is the learner's actor, and the actions explore as the plan
+            says (see :mod:`daskvec.worker.offpolicy` and docs/offpolicy.md).
 
         Returns
         -------
@@ -428,12 +437,15 @@ class DaskVecEnv(EngineViews, VecEnv):
             raise DaskVecEnvError("reset() the vec env before collecting a rollout")
         if int(n_steps) < 1:
             raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
+        if explore is not None and explore.n_steps != int(n_steps):
+            raise ValueError(f"an exploration plan of {explore.n_steps} steps for a collection of {n_steps}")
         engine = self._engine
         if obs_pipeline is not None:
             # envs rebuilt since the last step report their truncation in the first one: their stacks restart there
             obs_pipeline = dataclasses.replace(obs_pipeline, restack=tuple(self._buffers.deferred_envs()))
-        request = shipment.request(int(n_steps), obs_norm, obs_pipeline)
-        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps)
+        request = shipment.request(int(n_steps), obs_norm, obs_pipeline, explore)
+        command = Command.ROLLOUT if explore is None else Command.OFF_POLICY
+        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps, command)
         rollout = Rollout.stitch(collected, self._buffers.observations(), self.action_space)
         engine.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
         engine.maybe_publish()

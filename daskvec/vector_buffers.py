@@ -3,8 +3,10 @@
 :class:`VectorBuffers` is to :class:`~daskvec.vector_env.DaskVectorEnv` what
 :class:`~daskvec.buffers.StepBuffers` is to the Stable-Baselines3 face: it holds the
 batched observations (laid out by ``gymnasium.vector.utils.create_empty_array``, as
-``SyncVectorEnv`` lays them out), the rewards, terminations and truncations, and each
-env's info parts, and is the one place where Gymnasium's info dicts are built.
+``SyncVectorEnv`` lays them out; spaces that Gymnasium batches as a tuple of per-env
+values, such as ``Text`` or ``Graph``, are held as lists and handed out as tuples), the
+rewards, terminations and truncations, and each env's info parts, and is the one place
+where Gymnasium's info dicts are built.
 
 The infos are built by Gymnasium's own code (``VectorEnv._add_info``): a dict of arrays,
 each with a ``_key`` boolean mask, the envs' info dicts folded in in env order exactly as
@@ -31,9 +33,10 @@ import numpy as np
 from gymnasium.vector.utils import create_empty_array
 
 from daskvec.pool import Group
-from daskvec.protocol import INFO_KEY, Autoreset, ResetReply, StepReply
+from daskvec.protocol import INFO_KEY, Autoreset, PerEnv, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.worker import obs_shape
+from daskvec.worker.envs import ARRAY_SPACES
 
 __all__ = ["VectorBuffers", "build_infos"]
 
@@ -72,24 +75,70 @@ def build_infos(per_env: Sequence[InfoParts]) -> dict[str, Any]:
     return infos
 
 
+def _empty(space: gym.Space[Any], n: int) -> Any:
+    """Buffers for ``n`` observations of ``space``: arrays where they stack, lists of values elsewhere.
+
+    Laid out as ``SyncVectorEnv`` lays out its observations (``create_empty_array``),
+    except that spaces Gymnasium batches as a tuple of values (Graph, Text, Sequence,
+    OneOf, custom spaces) get a list, written one env at a time and handed out as a tuple.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _empty(sub, n) for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(_empty(sub, n) for sub in space.spaces)
+    if isinstance(space, ARRAY_SPACES):
+        return create_empty_array(space, n=n, fn=np.zeros)
+    values = create_empty_array(space, n=n, fn=np.zeros)
+    return list(values) if isinstance(values, tuple) else [None] * n
+
+
 def _write(buf: Any, index: Any, value: Any) -> None:
+    """Write ``value`` into rows ``index`` (an int: one env's observation; a slice or array: a group's)."""
     if isinstance(buf, dict):
         for key, sub in buf.items():
             _write(sub, index, value[key])
     elif isinstance(buf, tuple):
         for sub, val in zip(buf, value, strict=True):
             _write(sub, index, val)
+    elif isinstance(buf, list):
+        if isinstance(index, (int, np.integer)):
+            buf[int(index)] = value
+        else:
+            rows = range(len(buf))[index] if isinstance(index, slice) else index
+            if len(rows) != len(value):
+                raise ValueError(f"{len(value)} observations for {len(rows)} envs")
+            for i, v in zip(rows, value, strict=True):
+                buf[int(i)] = v
     else:
         buf[index] = value
 
 
 def _take(buf: Any, index: Any) -> Any:
-    """Rows ``index`` (an int: one env's observation; an array: a batch), copied."""
+    """Rows ``index`` (an int: one env's observation; an array: a batch), copied.
+
+    ``buf`` is either these buffers or what a group sent (:class:`~daskvec.protocol.PerEnv`
+    tuples where these buffers hold lists).
+    """
     if isinstance(buf, dict):
         return type(buf)((key, _take(sub, index)) for key, sub in buf.items())
+    if isinstance(buf, (list, PerEnv)):
+        if isinstance(index, (int, np.integer)):
+            return copy.deepcopy(buf[int(index)])
+        return tuple(copy.deepcopy(buf[int(i)]) for i in index)
     if isinstance(buf, tuple):
         return tuple(_take(sub, index) for sub in buf)
     return np.array(buf[index], copy=True)
+
+
+def _export(buf: Any, copied: bool) -> Any:
+    """The observations of every env, as ``SyncVectorEnv`` returns them (copied unless ``copied`` is False)."""
+    if isinstance(buf, dict):
+        return type(buf)((key, _export(sub, copied)) for key, sub in buf.items())
+    if isinstance(buf, tuple):
+        return tuple(_export(sub, copied) for sub in buf)
+    if isinstance(buf, list):
+        return tuple(copy.deepcopy(buf) if copied else buf)
+    return buf.copy() if copied else buf
 
 
 class VectorBuffers:
@@ -103,6 +152,9 @@ class VectorBuffers:
         Number of envs.
     autoreset : Autoreset
         The vec env's autoreset mode (how finished episodes are reported).
+    copy : bool
+        Whether results hand out copies of the observations (``SyncVectorEnv(copy=...)``);
+        otherwise the buffers' own arrays, which the next step overwrites.
 
     Attributes
     ----------
@@ -110,10 +162,11 @@ class VectorBuffers:
         Whether the envs were reset once.
     """
 
-    def __init__(self, observation_space: gym.Space[Any], n_envs: int, autoreset: Autoreset) -> None:
+    def __init__(self, observation_space: gym.Space[Any], n_envs: int, autoreset: Autoreset, copy: bool = True) -> None:
         self.observation_space = observation_space
         self.autoreset = autoreset
-        self.obs = create_empty_array(observation_space, n=n_envs, fn=np.zeros)
+        self.copy = copy
+        self.obs = _empty(observation_space, n_envs)
         self.rewards = np.zeros(n_envs, dtype=np.float64)
         self.terminations = np.zeros(n_envs, dtype=np.bool_)
         self.truncations = np.zeros(n_envs, dtype=np.bool_)
@@ -238,12 +291,12 @@ class VectorBuffers:
     def reset_result(self, mask: Sequence[bool] | None = None) -> tuple[Any, dict[str, Any]]:
         """``(observations, infos)`` of a reset (``mask``: only those envs' infos)."""
         parts = [p if mask is None or mask[i] else [] for i, p in enumerate(self.infos)]
-        return copy.deepcopy(self.obs), build_infos(parts)
+        return _export(self.obs, self.copy), build_infos(parts)
 
     def result(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The step's ``(obs, rewards, terminations, truncations, infos)``, copied."""
         return (
-            copy.deepcopy(self.obs),
+            _export(self.obs, self.copy),
             self.rewards.copy(),
             self.terminations.copy(),
             self.truncations.copy(),

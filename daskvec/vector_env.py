@@ -6,8 +6,12 @@ recovery), so groups, transports, fault handling and the dashboard are the same.
 module holds the Gymnasium API and its state; :mod:`daskvec.vector_buffers` builds
 Gymnasium's results and infos.
 
-Besides the synchronous :meth:`DaskVectorEnv.step`, it offers EnvPool's partial-batch
-pair: :meth:`DaskVectorEnv.send` sends actions to some envs and :meth:`DaskVectorEnv.recv`
+It is a drop-in for ``gymnasium.vector.AsyncVectorEnv`` (and ``SyncVectorEnv``): the
+same results, spaces (``observation_mode``, per-env tuples for spaces that do not
+batch into arrays), seeding (``np_random_seed``), exception types and the split calls
+``reset_async``/``reset_wait``, ``step_async``/``step_wait``, ``call_async``/``call_wait``
+with AsyncVectorEnv's state rules. Besides, it offers EnvPool's partial-batch pair:
+:meth:`DaskVectorEnv.send` sends actions to some envs and :meth:`DaskVectorEnv.recv`
 returns the first ``batch_size`` envs (whole groups) to finish, with their ids in
 ``info["env_id"]``. See docs/gymnasium.md.
 """
@@ -20,21 +24,24 @@ import enum
 import functools
 import logging
 import math
+import multiprocessing
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space, iterate
+from gymnasium.vector.utils import batch_differing_spaces, batch_space, iterate
 
 from daskvec.engine import Engine, EngineViews
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
-from daskvec.options import Options, check_env_fns
+from daskvec.options import Options, check_env_fns, ignore_async_keywords
 from daskvec.pool import Group, GroupPool
 from daskvec.protocol import Autoreset, Command, ResetReply
 from daskvec.vector_buffers import VectorBuffers
+from daskvec.worker.envs import ARRAY_SPACES
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +49,18 @@ __all__ = ["DaskVectorEnv", "make_vec"]
 
 
 class _State(enum.Enum):
-    IDLE = "idle"  # no step in flight
-    ASYNC = "async"  # send() sent steps (or async_reset() queued observations) not yet handed out by recv()
-    STEPPING = "stepping"  # a step() was interrupted while waiting; only close() is left
+    """Where a :class:`DaskVectorEnv` is; the values name the pending call, as ``AsyncVectorEnv``'s ``AsyncState``."""
+
+    IDLE = "default"
+    WAITING_RESET = "reset"  # reset_async() sent a reset that reset_wait() has not collected
+    WAITING_STEP = "step"  # step_async() sent a step that step_wait() has not collected
+    WAITING_CALL = "call"  # call_async() sent a call that call_wait() has not collected
+    ASYNC = "recv"  # send() sent steps (or async_reset() queued observations) not yet handed out by recv()
     CLOSED = "closed"
+
+
+#: The states in which a call of AsyncVectorEnv's split API is pending.
+_WAITING = (_State.WAITING_RESET, _State.WAITING_STEP, _State.WAITING_CALL)
 
 
 def _autoreset_mode(value: Any) -> AutoresetMode:
@@ -67,13 +82,75 @@ def _batch_size(value: Any, n_envs: int) -> int:
     return int(value)
 
 
+class _ObservationMode:
+    """Gymnasium's ``observation_mode``, checked against the envs' spaces (an engine ``SpaceCheck``).
+
+    ``"same"``: every env has env 0's observation space, batched with ``batch_space``;
+    ``"different"``: spaces of one shape and dtype, batched with ``batch_differing_spaces``;
+    ``(batched space, single space)``: given, each env's of the single one's shape and
+    dtype. Action spaces must always be equal. The errors are ``SyncVectorEnv``'s.
+    """
+
+    def __init__(self, mode: Any) -> None:
+        if isinstance(mode, tuple) and len(mode) == 2:
+            if not isinstance(mode[0], gym.Space) or not isinstance(mode[1], gym.Space):
+                raise TypeError(
+                    f"Expected both elements of observation_mode to be Spaces, got {type(mode[0])} and {type(mode[1])}"
+                )
+        elif not (isinstance(mode, str) and mode in ("same", "different")):
+            raise ValueError(
+                "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
+                f"observation space, actual got {mode}"
+            )
+        self.mode = mode
+        self.batched: gym.Space[Any] | None = None  # the vec env's observation_space, once checked
+
+    def __call__(
+        self, observation_spaces: list[gym.Space[Any]], action_spaces: list[gym.Space[Any]]
+    ) -> tuple[gym.Space[Any], gym.Space[Any]]:
+        mode, n = self.mode, len(observation_spaces)
+        if isinstance(mode, tuple):
+            batched, single = mode
+        elif mode == "same":
+            single = observation_spaces[0]
+            batched = batch_space(single, n)
+        else:
+            single = observation_spaces[0]
+            batched = batch_differing_spaces(observation_spaces)
+        for space in observation_spaces:
+            if mode == "same":
+                if space != single:
+                    raise RuntimeError(
+                        "DaskVectorEnv(..., observation_mode='same') however the sub-environments observation spaces "
+                        f"are not equivalent. single_observation_space={single}, sub-environment "
+                        f"observation_space={space}. If this is intentional, use `observation_mode='different'` "
+                        "instead."
+                    )
+            elif not is_space_dtype_shape_equiv(space, single):
+                raise RuntimeError(
+                    "DaskVectorEnv(..., observation_mode='different' or custom space) however the sub-environments "
+                    "observation spaces do not share a common shape and dtype, "
+                    f"single_observation_space={single}, sub-environment observation space={space}"
+                )
+        for space in action_spaces:
+            if space != action_spaces[0]:
+                raise RuntimeError(
+                    f"Sub-environment action space doesn't make the `single_action_space`, action_space={space}, "
+                    f"single_action_space={action_spaces[0]}"
+                )
+        self.batched = batched
+        return single, action_spaces[0]
+
+
 class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     """A Gymnasium ``VectorEnv`` whose envs live as Dask actors on a cluster.
 
-    It behaves like ``gymnasium.vector.SyncVectorEnv`` (same observations, rewards,
-    terminations, truncations and infos for the same seeded envs and actions, in each
-    autoreset mode), with the envs spread over the workers of a ``dask.distributed``
-    cluster in groups, as :class:`~daskvec.DaskVecEnv` spreads them.
+    It behaves like ``gymnasium.vector.SyncVectorEnv`` and ``AsyncVectorEnv`` (same
+    observations, rewards, terminations, truncations and infos for the same seeded envs
+    and actions, in each autoreset mode; the same spaces, errors and split calls), with
+    the envs spread over the workers of a ``dask.distributed`` cluster in groups, as
+    :class:`~daskvec.DaskVecEnv` spreads them. docs/gymnasium.md lists what still differs
+    from ``AsyncVectorEnv``, and why.
 
     Parameters
     ----------
@@ -84,12 +161,23 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     autoreset_mode : gymnasium.vector.AutoresetMode or str
         ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (reset finished envs with
         ``reset(options={"reset_mask": mask})``), as in Gymnasium.
+    observation_mode : {"same", "different"} or tuple of Space
+        How the envs' observation spaces are batched, as in Gymnasium: ``"same"``
+        (default: every env has env 0's space), ``"different"`` (spaces of one shape
+        and dtype, e.g. other bounds), or ``(observation_space, single_observation_space)``.
+    copy : bool
+        Whether ``reset`` and ``step`` return copies of the observations (default), or
+        the vec env's own buffers, which the next call overwrites (as in Gymnasium).
     batch_size : int, optional
         How many envs :meth:`recv` returns at least (default: all). A batch is made of
         whole groups: unless ``envs_per_actor`` is given, groups then hold
         ``gcd(batch_size, num_envs)`` envs, so that batches are exactly ``batch_size``.
     cluster_kwargs : dict, optional
         Extra arguments for the embedded ``LocalCluster``.
+    shared_memory, context, daemon, worker, max_concurrency : optional
+        ``AsyncVectorEnv``'s choices about its subprocesses: accepted, so that code
+        written for it runs unchanged, and ignored (one INFO log line says so); Dask
+        starts and feeds the processes here.
     **options
         The options of :class:`~daskvec.DaskVecEnv` (``envs_per_actor``, ``workers``,
         ``resources``, ``transport``, ``env_process``, ``busy_poll``, ``timeout``,
@@ -102,7 +190,8 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     single_observation_space, single_action_space : gymnasium.spaces.Space
         One env's spaces.
     observation_space, action_space : gymnasium.spaces.Space
-        The batched spaces (``gymnasium.vector.utils.batch_space``).
+        The batched spaces (``gymnasium.vector.utils.batch_space``; a ``Tuple`` of
+        per-env spaces for spaces that do not batch into arrays, such as ``Text``).
     metadata : dict
         Env 0's metadata, with ``"autoreset_mode"``.
     render_mode : str or None
@@ -113,7 +202,9 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     Raises
     ------
     TypeError, ValueError
-        Bad factories or options (naming the option), envs whose spaces differ.
+        Bad factories or options (naming the option), an invalid ``observation_mode``.
+    RuntimeError
+        Envs whose spaces differ (as ``observation_mode`` allows them not to).
 
     Examples
     --------
@@ -130,19 +221,39 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         client: Any = None,
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]] = "same",
+        copy: bool = True,
         batch_size: int | None = None,
         cluster_kwargs: dict[str, Any] | None = None,
+        shared_memory: bool | None = None,
+        context: str | None = None,
+        daemon: bool | None = None,
+        worker: Callable[..., Any] | None = None,
+        max_concurrency: int | None = None,
         **options: Any,
     ) -> None:
         self._state = _State.CLOSED  # until construction succeeds; makes close()/__del__ safe
         self.closed = True
         mode = _autoreset_mode(autoreset_mode)
+        layout = _ObservationMode(observation_mode)
         n_envs = len(check_env_fns(env_fns))
         self.batch_size = _batch_size(batch_size, n_envs)
         if self.batch_size < n_envs and options.get("envs_per_actor") is None:
             options["envs_per_actor"] = math.gcd(self.batch_size, n_envs)
         checked = Options.create(**options)
-        self._attach(Engine(env_fns, client, checked, cluster_kwargs, autoreset=mode.value), mode)
+        ignore_async_keywords(
+            shared_memory=shared_memory, context=context, daemon=daemon, worker=worker, max_concurrency=max_concurrency
+        )
+        engine = Engine(
+            env_fns,
+            client,
+            checked,
+            cluster_kwargs,
+            autoreset=mode.value,
+            always_pass_options=True,  # Gymnasium's reset(seed=..., options=...), options or not
+            check_spaces=layout,
+        )
+        self._attach(engine, mode, layout, observation_mode, copy)
 
     @classmethod
     def from_vector_envs(
@@ -189,28 +300,49 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self.closed = True
         mode = _autoreset_mode(autoreset_mode)
         checked = Options.create(**options)
-        engine = Engine(vector_env_fns, client, checked, cluster_kwargs, autoreset=mode.value, vector=True)
+        layout = _ObservationMode("same")
+        engine = Engine(
+            vector_env_fns,
+            client,
+            checked,
+            cluster_kwargs,
+            autoreset=mode.value,
+            always_pass_options=True,
+            check_spaces=layout,
+            vector=True,
+        )
         try:
             self.batch_size = _batch_size(batch_size, engine.n_envs)
         except ValueError:
             engine.close()
             raise
-        self._attach(engine, mode)
+        self._attach(engine, mode, layout, "same", True)
         return self
 
-    def _attach(self, engine: Engine, mode: AutoresetMode) -> None:
+    def _attach(
+        self,
+        engine: Engine,
+        mode: AutoresetMode,
+        layout: _ObservationMode,
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]],
+        copy: bool,
+    ) -> None:
         """Take ``engine`` (built) as this face's: spaces, buffers, state, the envs' metadata."""
         self._engine = engine
         n_envs = engine.n_envs
         self.client, self.options = engine.client, engine.options
         self.num_envs = n_envs
         self.autoreset_mode = mode
+        self.observation_mode = observation_mode
+        self.copy = bool(copy)
         self.single_observation_space = engine.observation_space
         self.single_action_space = engine.action_space
-        self.observation_space = batch_space(self.single_observation_space, n_envs)
+        assert layout.batched is not None
+        self.observation_space = layout.batched
         self.action_space = batch_space(self.single_action_space, n_envs)
-        self._buffers = VectorBuffers(self.single_observation_space, n_envs, Autoreset(mode.value))
+        self._buffers = VectorBuffers(self.single_observation_space, n_envs, Autoreset(mode.value), self.copy)
         self._ready: list[Group] = []  # async_reset(): groups whose first observations recv() hands out
+        self._reset_mask: np.ndarray | None = None  # of the reset reset_async() sent
         self._state = _State.IDLE
         self.closed = False
         try:
@@ -226,26 +358,65 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     @property
     def _pool(self) -> GroupPool:
         if self._engine.pool is None or self._state is _State.CLOSED:
-            raise ClosedEnvError("this DaskVectorEnv is closed; create a new one")
+            raise ClosedEnvError("Trying to operate on `DaskVectorEnv`, after a call to `close()`.")
         return self._engine.pool
 
-    def _enter(self, *allowed: _State) -> None:
-        """Check that the vec env may be called now; raise the typed error that says why not."""
-        state = self._state
-        if state is not _State.CLOSED and self._engine.broken is not None:
+    def _check_running(self) -> None:
+        """Raise if the vec env is closed, or broken (the engine lost envs or its scheduler for good)."""
+        if self._state is _State.CLOSED:
+            raise ClosedEnvError("Trying to operate on `DaskVectorEnv`, after a call to `close()`.")
+        if self._engine.broken is not None:
             self._engine.check()
-        if state in allowed:
+
+    def _check_idle(self, call: str, end: str = ".") -> None:
+        """Raise ``AlreadyPendingCallError`` (daskvec's ``AlreadySteppingError``) unless no call is pending.
+
+        The message is ``AsyncVectorEnv``'s, whose ``reset_async`` ends it without a period (``end``).
+        """
+        self._check_running()
+        state = self._state
+        if state is _State.IDLE:
             return
-        if state is _State.CLOSED:
-            raise ClosedEnvError("this DaskVectorEnv is closed; create a new one")
-        if state is _State.STEPPING:
-            raise AlreadySteppingError("a step() was interrupted while waiting for its replies; close this vec env")
-        if self._state is _State.ASYNC:
-            raise AlreadySteppingError("envs have steps in flight: call recv() until none is left first")
-        raise NoAsyncCallError("recv() called with no step in flight: call send() first")
+        if state is _State.ASYNC:
+            raise AlreadySteppingError("envs have steps in flight: call recv() until none is left first", state.value)
+        raise AlreadySteppingError(
+            f"Calling `{call}` while waiting for a pending call to `{state.value}` to complete{end}", state.value
+        )
+
+    def _check_waiting(self, state: _State, call: str, start: str) -> None:
+        """Raise ``NoAsyncCallError`` unless ``state`` is pending (``call`` waits for what ``start`` sent)."""
+        self._check_running()
+        if self._state is not state:
+            raise NoAsyncCallError(f"Calling `{call}` without any prior call to `{start}`.", state.value)
+
+    def _wait_ready(self, timeout: float | None, call: str) -> None:
+        """Wait up to ``timeout`` seconds for every reply to be in (``None``: no wait here), else raise.
+
+        The exception is ``AsyncVectorEnv``'s, ``multiprocessing.TimeoutError``. Unlike
+        there, the call stays pending: wait again for its results, or close.
+        """
+        if timeout is not None and not self._engine.ready(timeout):
+            raise multiprocessing.TimeoutError(f"The call to `{call}` has timed out after {timeout} second(s).")
+
+    def _done_waiting(self) -> None:
+        """After a wait: back to idle, unless it was interrupted (Ctrl-C) and is still pending."""
+        if not self._engine.stepping:
+            self._state = _State.IDLE
 
     def _on_lost_deferred(self, lost: dict[Group, BaseException], waited: float) -> None:
         self._engine.lost_handler(self._buffers, "deferred")(lost, waited)
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """Each env's ``np_random_seed`` (after ``reset(seed=42)``: ``(42, 43, ...)``), as in Gymnasium."""
+        return self.get_attr("np_random_seed")
+
+    # Gymnasium's vector envs replace the base class's one generator (settable) with the
+    # envs' own, read-only: so does this one
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """A copy of each env's random number generator (``np_random``), as in Gymnasium."""
+        return self.get_attr("np_random")
 
     # ------------------------------------------------------------------ reset
     def reset(
@@ -258,31 +429,80 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         seed : int, list of int or None, optional
             ``int``: env ``i`` gets ``seed + i``; a list: one seed (or ``None``) per env.
         options : dict, optional
-            Given to every env's ``reset``; its ``"reset_mask"`` (a boolean array of
-            shape ``(num_envs,)``) selects the envs to reset, the others keep their
-            observation (needed with ``autoreset_mode=DISABLED``).
+            Given to every env's ``reset`` (``env.reset(seed=..., options=...)``); its
+            ``"reset_mask"`` (a boolean array of shape ``(num_envs,)``) selects the envs
+            to reset, the others keep their observation (needed with
+            ``autoreset_mode=DISABLED``). A mask of only ``True`` is a full reset, also
+            the first one.
 
         Returns
         -------
         observations, infos
         """
-        self._enter(_State.IDLE)
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(
+        self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Send the envs their reset without waiting (``AsyncVectorEnv.reset_async``); :meth:`reset_wait` collects it.
+
+        Parameters are those of :meth:`reset`.
+
+        Raises
+        ------
+        gymnasium.error.AlreadyPendingCallError
+            Another call is pending (daskvec's :class:`~daskvec.errors.AlreadySteppingError`).
+        gymnasium.error.ClosedEnvironmentError
+            After ``close()`` (daskvec's :class:`~daskvec.errors.ClosedEnvError`).
+        """
+        self._check_running()
         seeds = self._seeds(seed)
+        self._check_idle("reset_async", end="")
         env_options = dict(options) if options is not None else None
-        mask = self._reset_mask(env_options.pop("reset_mask")) if env_options and "reset_mask" in env_options else None
+        mask = None
+        if env_options is not None and "reset_mask" in env_options:
+            mask = self._reset_mask_of(env_options.pop("reset_mask"))
+        if mask is not None and mask.all():
+            mask = None  # every env: a full reset, as the first one may be
         if mask is not None and not self._buffers.has_obs:
-            raise ValueError("options['reset_mask'] needs a full reset first: call reset() without it once")
+            raise ValueError(
+                "options['reset_mask'] leaves envs out before their first reset, when they have no observation: "
+                "reset every env once (no mask, or a mask of only True) first"
+            )
         engine = self._engine
         if mask is None and engine.recovery.moves_planned:
             engine.report(self._buffers, "reset", engine.recovery.migrate)
         self._buffers.forget_deferred(None if mask is None else np.flatnonzero(mask).tolist())
-        engine.reset_groups(
-            seeds,
-            [env_options or {}] * self.num_envs,
-            functools.partial(self._take_reset, mask=mask),
-            engine.lost_handler(self._buffers, "reset"),
-            mask=None if mask is None else mask.tolist(),
-        )
+        engine.send_reset(seeds, [env_options] * self.num_envs, None if mask is None else mask.tolist())
+        self._reset_mask = mask
+        self._state = _State.WAITING_RESET
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """Wait for the reset :meth:`reset_async` sent and return ``(observations, infos)``.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for every env's reply (``None``: the ``timeout`` option bounds
+            the wait, after which envs that did not answer are rebuilt elsewhere).
+
+        Raises
+        ------
+        gymnasium.error.NoAsyncCallError
+            No :meth:`reset_async` is pending.
+        multiprocessing.TimeoutError
+            Not every reply came within ``timeout``; the reset stays pending (call again).
+        """
+        self._check_waiting(_State.WAITING_RESET, "reset_wait", "reset_async")
+        self._wait_ready(timeout, "reset_wait")
+        mask, engine = self._reset_mask, self._engine
+        try:
+            engine.collect_reset(
+                functools.partial(self._take_reset, mask=mask), engine.lost_handler(self._buffers, "reset")
+            )
+        finally:
+            self._done_waiting()
         self._buffers.has_obs = True
         return self._buffers.reset_result(None if mask is None else mask.tolist())
 
@@ -302,7 +522,8 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             )
         return seeds
 
-    def _reset_mask(self, mask: Any) -> np.ndarray:
+    def _reset_mask_of(self, mask: Any) -> np.ndarray:
+        """``options["reset_mask"]``, checked with ``SyncVectorEnv``'s errors."""
         if not isinstance(mask, np.ndarray):
             raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
         if mask.shape != (self.num_envs,):
@@ -310,34 +531,67 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         if mask.dtype != np.bool_:
             raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
         if not mask.any():
-            raise ValueError(f"`options['reset_mask']` must contain at least one True value, got reset_mask={mask}")
+            raise ValueError(
+                "`options['reset_mask']` must contain a boolean array with at least one True value, "
+                f"got reset_mask={mask}"
+            )
         return mask
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its action and wait for all of them; see ``SyncVectorEnv.step``."""
-        self._enter(_State.IDLE)
-        engine = self._engine
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Any) -> None:
+        """Send every env its action without waiting (``AsyncVectorEnv.step_async``); :meth:`step_wait` collects.
+
+        Raises
+        ------
+        gymnasium.error.AlreadyPendingCallError
+            Another call is pending (daskvec's :class:`~daskvec.errors.AlreadySteppingError`).
+        """
+        self._check_idle("step_async")
         rows = self._action_rows(actions, self.num_envs)
-        self._state = _State.STEPPING
-        engine.send_step(rows)
+        self._engine.send_step(rows)
+        self._state = _State.WAITING_STEP
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Wait for the step :meth:`step_async` sent; ``(obs, rewards, terminations, truncations, infos)``.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for every env's reply (``None``: the ``step_timeout`` option
+            bounds the wait, after which envs that did not answer are rebuilt elsewhere
+            and report a truncation).
+
+        Raises
+        ------
+        gymnasium.error.NoAsyncCallError
+            No :meth:`step_async` is pending.
+        multiprocessing.TimeoutError
+            Not every reply came within ``timeout``; the step stays pending (call again).
+        """
+        self._check_waiting(_State.WAITING_STEP, "step_wait", "step_async")
+        self._wait_ready(timeout, "step_wait")
+        engine = self._engine
         try:
             outcome = engine.collect_step(self._buffers)
         finally:
-            if not engine.stepping:  # collected, or given up after a reply that did not fit
-                self._state = _State.IDLE
+            self._done_waiting()  # collected, or given up after a reply that did not fit
         self._buffers.apply_deferred()
         engine.finish(outcome, self._buffers)
         return self._buffers.result()
 
     def _action_rows(self, actions: Any, n: int) -> Any:
-        """The actions as something indexable by row (an array, or a list for Dict/Tuple spaces)."""
-        if isinstance(actions, np.ndarray):
-            rows: Any = actions
-        elif isinstance(self.single_action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
-            rows = list(iterate(batch_space(self.single_action_space, n), actions))
-        else:
-            rows = np.asarray(actions)
+        """The actions as something indexable by row: an array for array spaces, else a list of per-env actions."""
+        space = self.single_action_space
+        if isinstance(space, ARRAY_SPACES):
+            rows: Any = actions if isinstance(actions, np.ndarray) else np.asarray(actions)
+        else:  # Dict, Tuple, and spaces Gymnasium batches as a tuple of per-env actions
+            batched = self.action_space if n == self.num_envs else batch_space(space, n)
+            rows = list(iterate(batched, actions))
         if len(rows) != n:
             raise ValueError(
                 f"got {len(rows)} actions for {n} envs; pass one action per env (first axis of length {n})"
@@ -352,7 +606,9 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         ``info["env_id"]`` of a batch :meth:`recv` returned. Row ``k`` of ``actions`` is
         the action of env ``env_ids[k]``.
         """
-        self._enter(_State.IDLE, _State.ASYNC)
+        if self._state is not _State.ASYNC:
+            self._check_idle("send")
+        self._check_running()
         pool = self._pool
         ids = self._engine.positions(None if env_ids is None else [int(i) for i in np.asarray(env_ids).ravel()])
         rows = self._action_rows(actions, len(ids))
@@ -385,7 +641,11 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         Rows are per env, in the order their groups answered: keep trajectories per
         env id, never in a fixed ``(T, num_envs)`` layout.
         """
-        self._enter(_State.ASYNC)
+        self._check_running()
+        if self._state is _State.IDLE:
+            raise NoAsyncCallError("recv() called with no step in flight: call send() first", "recv")
+        if self._state is not _State.ASYNC:
+            self._check_idle("recv")
         if self._ready:
             return self._recv_ready()
         pool, engine = self._pool, self._engine
@@ -417,12 +677,42 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     # ------------------------------------------------------------------ per-env calls
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read attribute ``name``); results in env order."""
-        self._enter(_State.IDLE)
-        return tuple(
-            self._engine.per_env(
-                Command.CALL, lambda _g, p: (name, args, kwargs, p), list(range(self.num_envs)), self._on_lost_deferred
-            )
-        )
+        self.call_async(name, *args, **kwargs)
+        return self.call_wait()
+
+    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Send every env the call without waiting (``AsyncVectorEnv.call_async``); :meth:`call_wait` collects.
+
+        Raises
+        ------
+        gymnasium.error.AlreadyPendingCallError
+            Another call is pending (daskvec's :class:`~daskvec.errors.AlreadySteppingError`).
+        """
+        self._check_idle("call_async")
+        self._engine.send_per_env(Command.CALL, lambda _g, p: (name, args, kwargs, p), list(range(self.num_envs)))
+        self._state = _State.WAITING_CALL
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Wait for the call :meth:`call_async` sent; each env's result, in env order.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for every env's reply (``None``: the ``timeout`` option).
+
+        Raises
+        ------
+        gymnasium.error.NoAsyncCallError
+            No :meth:`call_async` is pending.
+        multiprocessing.TimeoutError
+            Not every reply came within ``timeout``; the call stays pending (call again).
+        """
+        self._check_waiting(_State.WAITING_CALL, "call_wait", "call_async")
+        self._wait_ready(timeout, "call_wait")
+        try:
+            return tuple(self._engine.collect_per_env(self._on_lost_deferred))
+        finally:
+            self._done_waiting()
 
     def call_one(self, name: str) -> Any:
         """Env 0's ``name`` (called when it is a method)."""
@@ -434,7 +724,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         """Set attribute ``name`` of every env: one value each (a list or tuple), or the same for all."""
-        self._enter(_State.IDLE)
+        self._check_running()
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
@@ -442,6 +732,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {self.num_envs} environments."
             )
+        self._check_idle("set_attr")
         by_env = list(values)
 
         def args(group: Group, positions: list[int]) -> tuple[Any, ...]:
@@ -451,7 +742,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
 
     def render(self) -> tuple[Any, ...]:
         """Each env's ``render()``."""
-        self._enter(_State.IDLE)
+        self._check_idle("render")
         return tuple(
             self._engine.per_env(Command.RENDER, lambda _g, p: (p,), list(range(self.num_envs)), self._on_lost_deferred)
         )
@@ -473,7 +764,15 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         ]
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Shut the env groups down and close what this vec env created (safe with steps in flight)."""
+        """Shut the env groups down and close what this vec env created (safe with calls in flight).
+
+        ``AsyncVectorEnv``'s keywords (``timeout``, ``terminate``) are accepted; what is
+        in flight is collected (bounded by ``step_timeout``) or abandoned, as for
+        :class:`~daskvec.DaskVecEnv`. As ``AsyncVectorEnv`` does, a pending split call
+        is warned about.
+        """
+        if self._state in _WAITING:
+            gym.logger.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.")
         self._state = _State.CLOSED
         if hasattr(self, "_engine"):
             self._engine.close()

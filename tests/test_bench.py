@@ -353,6 +353,39 @@ def test_ceiling_splits_the_step_time(tmp_path: Path) -> None:
         run_ceiling("mujoco", 2, variants=["fastest"])
 
 
+GROUPS_KEYS = {
+    "groups", "workers", "transport", "vec_steps", "wall_s_per_vec_step", "cpu_s_per_vec_step", "wall_s_per_group",
+    "cpu_s_per_group", "steps_per_s", "wall_s_per_vec_step_runs", "cpu_s_per_vec_step_runs",
+}  # fmt: skip
+
+
+@pytest.mark.timeout(240)
+def test_groups_scenario_structure(cluster2: Any, tmp_path: Path) -> None:
+    """``groups``: DaskVecEnv alone, one env per group, client time per vec-step and per group for each count."""
+    results = bench.run_benchmark(
+        scenarios=["groups"], n_envs=[2, 3], steps=3, warmup=0.0, repeat=2, out_dir=tmp_path,
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+    )  # fmt: skip
+    assert [c["case"] for c in results["cases"]] == ["groups-2", "groups-3"]
+    for case, n in zip(results["cases"], (2, 3), strict=True):
+        assert case["scenario"] == "groups" and case["n_groups"] == n
+        assert list(case["results"]) == ["dask"]  # the other vec envs have no groups
+        res = case["results"]["dask"]
+        assert "error" not in res, res.get("error")
+        assert set(res) >= GROUPS_KEYS, GROUPS_KEYS - set(res)
+        assert res["groups"] == n and 1 <= res["workers"] <= 2 and res["vec_steps"] == 3
+        assert len(res["wall_s_per_vec_step_runs"]) == len(res["cpu_s_per_vec_step_runs"]) == 2
+        assert res["wall_s_per_group"] == pytest.approx(res["wall_s_per_vec_step"] / n)
+        assert res["cpu_s_per_group"] == pytest.approx(res["cpu_s_per_vec_step"] / n)
+        assert res["wall_s_per_vec_step"] > 0 and res["cpu_s_per_vec_step"] >= 0
+    on_disk = json.loads(Path(results["files"]["json"]).read_text())
+    assert [c["case"] for c in on_disk["cases"]] == ["groups-2", "groups-3"]
+    assert "png" not in results["files"]  # a table only: no SubprocVecEnv to chart ratios to
+    table = bench.format_table(results)
+    assert table.count("us/group") == 4 and "groups-3" in table and "2 groups on" in table
+    assert bench.run_benchmark(scenarios=["groups"], vec_envs=["dummy"], n_envs=[2], steps=1)["cases"] == []
+
+
 def test_invalid_options() -> None:
     with pytest.raises(ValueError, match="unknown scenario"):
         bench.run_benchmark(scenarios=["fast"])

@@ -85,8 +85,15 @@ def check_train_output(proc: subprocess.CompletedProcess[str], model: Path, n_en
     assert m and int(m.group(1)) == n_envs, out
     dash = re.search(r"^Dask dashboard: (http://\S+)$", out, re.M)
     assert dash, out
-    rate = re.search(r"^trained PPO for (\d+) env steps in [\d.]+ s: (\d+) env-steps/s$", out, re.M)
+    rate = re.search(
+        r"^trained PPO for (\d+) env steps in [\d.]+ s: (\d+) env-steps/s overall; "
+        r"stepping the envs: (\d+) env-steps/s \((\d+)% of the run\)$",
+        out,
+        re.M,
+    )
     assert rate and int(rate.group(1)) >= 2000 and int(rate.group(2)) > 0, out
+    # the envs step faster than the whole run, which also trains the policy
+    assert int(rate.group(3)) > int(rate.group(2)) and 0 < int(rate.group(4)) < 100, out
     reward = re.search(r"^evaluated mean reward: ([\d.]+) \+/- [\d.]+ over 3 episodes$", out, re.M)
     # trained, not any policy: random play scores ~23, and the untrained policy of each seed
     # used here 9, while 2,048 PPO steps reach 142 (seed 5) and 116 (seed 2)
@@ -174,6 +181,75 @@ def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
     # the CLI did not shut down a scheduler it did not start
     assert procs.scheduler.poll() is None
     assert all(w.poll() is None for w in procs.workers)
+
+
+@pytest.mark.timeout(300)
+def test_train_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_path: Path) -> None:
+    """With the output in a file (or a pipe, as here) there is no progress bar: a line every interval instead."""
+    out_file = tmp_path / "train.log"
+    with out_file.open("w") as out:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "daskvec.cli",
+                "train",
+                "CartPole-v1",
+                "--timesteps",
+                "3000",
+                "--n-envs",
+                "2",
+                "--eval-episodes",
+                "0",
+                "--progress-interval",
+                "0.5",
+                *SMALL_PPO,
+            ],
+            cwd=tmp_path,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=240,
+        )
+    text = out_file.read_text()
+    assert proc.returncode == 0, text + proc.stderr
+    progress = re.findall(
+        r"^progress: (\d+)/3000 env steps \((\d+)%\), (\d+) env-steps/s overall, "
+        r"(\d+) env-steps/s stepping the envs, ETA (\d+) s$",
+        text,
+        re.M,
+    )
+    assert progress, text
+    done = [int(p[0]) for p in progress]
+    assert done == sorted(done) and all(0 < d <= 3072 for d in done), text
+    assert all(int(p[3]) > 0 for p in progress), text
+    assert "━" not in text and "it/s" not in text, text  # no progress bar in a file
+    assert re.search(
+        r"^trained PPO for \d+ env steps in [\d.]+ s: \d+ env-steps/s overall; stepping the envs: "
+        r"\d+ env-steps/s \(\d+% of the run\)$",
+        text,
+        re.M,
+    ), text
+    # --no-progress: neither the bar nor the lines
+    proc = run_cli(
+        [
+            "train",
+            "CartPole-v1",
+            "--timesteps",
+            "256",
+            "--n-envs",
+            "2",
+            "--eval-episodes",
+            "0",
+            "--progress-interval",
+            "0.01",
+            "--no-progress",
+            *SMALL_PPO,
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0 and "progress:" not in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_unreachable_scheduler_fails_cleanly(capsys: pytest.CaptureFixture[str], restore_daskvec_logger: Any) -> None:

@@ -86,6 +86,7 @@ def test_yaml_then_environment_then_keyword(dask_config: Any, client2: Any) -> N
     [
         ({"DASK_DASKVEC__ON_WORKER_LOST": "ignore"}, "daskvec.on-worker-lost"),
         ({"DASK_DASKVEC__TIMEOUT": "soon"}, "daskvec.timeout"),
+        ({"DASK_DASKVEC__CONNECT_TIMEOUT": "0"}, "daskvec.connect-timeout"),
         ({"DASK_DASKVEC__ENVS_PER_ACTOR": "0"}, "daskvec.envs-per-actor"),
         ({"DASK_DASKVEC__AUTO_REBALANCE": "sometimes"}, "daskvec.auto-rebalance"),
     ],
@@ -97,7 +98,13 @@ def test_bad_config_value_names_the_key(dask_config: Any, client2: Any, env: dic
     assert next(iter(env)) in str(info.value)  # and says which variable sets it
     # a keyword overrides the bad value
     name = key.split(".")[1].replace("-", "_")
-    good = {"on_worker_lost": "raise", "timeout": 10, "envs_per_actor": 1, "auto_rebalance": False}[name]
+    good = {
+        "on_worker_lost": "raise",
+        "timeout": 10,
+        "envs_per_actor": 1,
+        "auto_rebalance": False,
+        "connect_timeout": 2,
+    }[name]
     assert getattr(Options.create(**{name: good}), name) == good
 
 

@@ -15,9 +15,14 @@ from packaging.version import Version
 ROOT = Path(__file__).parent.parent
 
 #: conda-forge package name -> the PyPI distribution it provides
-CONDA_TO_PYPI = {"dask-core": "dask", "pytorch": "torch", "prometheus_client": "prometheus-client"}
+CONDA_TO_PYPI = {
+    "dask-core": "dask",
+    "pytorch": "torch",
+    "prometheus_client": "prometheus-client",
+    "python-build": "build",
+}
 #: extras a conda user gets (all of them: the environment is for developing daskvec)
-EXTRAS = ("dashboard", "jobqueue", "bench", "notebooks", "test", "zoo", "tensorboard")
+EXTRAS = ("dashboard", "jobqueue", "bench", "notebooks", "test", "zoo", "tensorboard", "docs", "release")
 #: conda packages with no pyproject entry, and why
 CONDA_ONLY = {
     "python": "the interpreter (checked against requires-python)",

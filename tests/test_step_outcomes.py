@@ -189,3 +189,98 @@ def test_episode_ends_on_the_compact_path(dclient: Any, monkeypatch: pytest.Monk
     finally:
         env.close()
         reference.close()
+
+
+# --------------------------------------------------------------------------- no scheduler call on the step
+@pytest.mark.timeout(120)
+def test_auto_rebalance_never_waits_for_the_scheduler(dclient: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``auto_rebalance`` a step asks for the scheduler's workers and goes on; a later step plans from the answer.
+
+    The question is a stand-in that answers only when the test says (a frozen scheduler
+    until then), and a blocking call to the scheduler from a step fails the test. A
+    failed answer breaks the env as a lost scheduler does.
+    """
+    import concurrent.futures
+
+    from daskvec import _dask, recovery
+    from daskvec.errors import DaskVecEnvError, SchedulerLostError
+
+    workers = scheduler_workers(dclient)
+    env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 4, client=dclient, envs_per_actor=2, timeout=30,
+                     auto_rebalance=True, rebalance_interval=1e-6)  # fmt: skip
+    questions: list[concurrent.futures.Future[dict[str, Any]]] = []
+    blocking: list[str] = []
+    planned: list[list[str]] = []
+    real_plan = recovery.plan_rebalance
+
+    def ask(client: Any, timeout: float = 30.0) -> concurrent.futures.Future[dict[str, Any]]:
+        questions.append(concurrent.futures.Future())
+        return questions[-1]
+
+    def wait_for_scheduler(client: Any, timeout: float = 30.0) -> dict[str, Any]:
+        blocking.append("scheduler_workers")
+        raise AssertionError("a step waited for the scheduler")
+
+    def plan(groups: Any, receivers: Any, envs_per_actor: Any = None) -> Any:
+        planned.append(list(receivers))
+        return real_plan(groups, receivers, envs_per_actor)
+
+    try:
+        # the real question, answered on the client's event loop
+        assert set(_dask.scheduler_workers_soon(dclient, 30).result(timeout=30)) == set(workers)
+        env.reset()
+        monkeypatch.setattr(_dask, "scheduler_workers_soon", ask)
+        monkeypatch.setattr(_dask, "scheduler_workers", wait_for_scheduler)
+        monkeypatch.setattr(recovery, "plan_rebalance", plan)
+        actions = np.zeros(4, dtype=np.int64)
+        for _ in range(20):  # the scheduler never answers: every step returns all the same
+            env.step(actions)
+        assert (len(questions), blocking, planned) == (1, [], [])  # one question in flight, never waited for
+        questions[0].set_result(workers)
+        env.step(actions)
+        assert planned == [sorted(workers)] and blocking == []  # planned from the answer (balanced: no move)
+        env.step(actions)
+        assert len(questions) == 2  # the next interval asks again
+        questions[1].set_exception(SchedulerLostError("the scheduler is gone", address="tcp://gone:1"))
+        with pytest.raises(SchedulerLostError, match="the scheduler is gone"):
+            env.step(actions)
+        with pytest.raises(DaskVecEnvError):
+            env.step(actions)  # broken: every later call raises
+        assert blocking == []
+    finally:
+        env.close()
+
+
+def test_a_worker_list_never_answered_counts_as_a_lost_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step only looks at the question; past ``timeout`` (and a grace) unanswered, the scheduler is lost."""
+    import concurrent.futures
+    import types
+
+    from daskvec import recovery
+    from daskvec.errors import SchedulerLostError
+    from daskvec.options import Options
+
+    now = [1000.0]
+    monkeypatch.setattr(recovery, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    asked: list[concurrent.futures.Future[dict[str, Any]]] = []
+
+    class Directory:
+        any_deadline = False
+
+        def ask_workers(self) -> concurrent.futures.Future[dict[str, Any]]:
+            asked.append(concurrent.futures.Future())
+            return asked[-1]
+
+    pool = types.SimpleNamespace(groups=[], client=None)
+    options = Options(auto_rebalance=True, rebalance_interval=10.0, timeout=30.0)
+    rec = recovery.Recovery(pool, Directory(), recovery.RestartLedger(0), options)  # type: ignore[arg-type]
+    assert not rec.migration_due
+    now[0] += 11
+    assert rec.migration_due and rec.migrate() == [] and len(asked) == 1
+    now[0] += 30  # within timeout + grace: nothing to do yet, nothing waited for
+    assert not rec.migration_due
+    now[0] += recovery._CENSUS_GRACE + 1
+    assert rec.migration_due
+    with pytest.raises(SchedulerLostError, match="did not answer"):
+        rec.migrate()
+    assert asked[0].cancelled()

@@ -15,10 +15,12 @@ import os
 import secrets
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,17 +30,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from daskvec.protocol import Command, GroupSpec, RemoteError, StepReply
+from daskvec.protocol import EMPTY, Command, GroupSpec, RemoteError, RolloutReply, StepReply
 from daskvec.transport import (
     ChannelError,
     ChannelServer,
     DirectChannel,
+    ProtocolError,
     decode,
     encode,
     machine_id,
     pack,
     unpack,
 )
+from daskvec.transport.wire import FrameReader, write_frames
 from daskvec.worker import EnvGroup
 
 TOKEN = secrets.token_bytes(32)
@@ -56,7 +60,12 @@ def server(request: pytest.FixtureRequest) -> Iterator[ChannelServer]:
 
 
 def same(a: object, b: object) -> bool:
-    """Equal values of equal types, arrays by dtype, shape and content, dicts in key order."""
+    """Equal values of equal types, arrays by dtype, shape and content, dicts in key order.
+
+    A decoded reply's empty columns may be the shared read-only :data:`EMPTY`: equal to any empty dict.
+    """
+    if a is EMPTY or b is EMPTY:
+        return isinstance(a, dict) and isinstance(b, dict) and not a and not b
     if type(a) is not type(b):
         return False
     if isinstance(a, StepReply):
@@ -585,3 +594,155 @@ def test_group_replies_are_compact_when_the_flags_say_all(
             assert same(decode(wire(frames)), reply)
     finally:
         group.shutdown()
+
+
+# --------------------------------------------------------------------------- the client's reads and writes
+def test_quiet_compact_replies_share_one_read_only_empty_mapping() -> None:
+    """No fresh empty dicts per quiet reply, and no reader can fill the shared one by mistake."""
+    quiet = step_reply(np.zeros((3, 2)), terminated=np.zeros(3, dtype=bool), final_obs={}, reset_infos={})
+    first, second = decode(wire(encode(quiet))), decode(wire(encode(quiet)))
+    for got in (first, second):
+        assert got.final_obs is got.infos is got.reset_infos is got.restarted is EMPTY
+    with pytest.raises(TypeError, match="read-only"):
+        first.infos[0] = {"leak": True}
+    with pytest.raises(TypeError, match="read-only"):
+        first.reset_infos.setdefault(0, {})
+    assert EMPTY == {} and dict(EMPTY) == {} and type(dict(EMPTY)) is dict
+    ended = decode(wire(encode(step_reply(np.zeros((3, 2))))))  # env 1 ended: its columns are its own
+    assert ended.final_obs is not EMPTY and ended.reset_infos is not EMPTY and list(ended.final_obs) == [1]
+    ended.final_obs[2] = np.ones(2)  # the decoder's fresh dicts stay ordinary dicts
+
+
+def test_a_rollout_step_without_episode_ends_shares_the_empty_mapping() -> None:
+    frag = RolloutReply(
+        obs=np.zeros((3, 2, 1)), actions=np.zeros((2, 2)), values=np.zeros((2, 2)), log_probs=np.zeros((2, 2)),
+        rewards=np.zeros((2, 2)), terminated=np.zeros((2, 2), dtype=bool), truncated=np.zeros((2, 2), dtype=bool),
+        final_obs={1: {0: np.ones(1)}}, reset_infos={1: {0: {}}},
+    )  # fmt: skip
+    quiet, ended = frag.step(0), frag.step(1)
+    assert quiet.final_obs is quiet.infos is quiet.reset_infos is quiet.restarted is EMPTY
+    assert list(ended.final_obs) == [0] and list(ended.reset_infos) == [0] and ended.infos is EMPTY
+
+
+class CountingPoll:
+    """A stand-in for a ``select.poll`` object that counts its waits."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def poll(self, *args: Any) -> Any:
+        self.calls += 1
+        return self.inner.poll(*args)
+
+
+def test_a_round_trip_is_one_send_one_poll_one_recv(server: ChannelServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's socket stays in one mode: per request one sendmsg, per reply one poll and one recv."""
+    assert server.unix_path is not None
+    ch = DirectChannel(server.unix_path, TOKEN)  # a Unix socket: a reply arrives whole
+    sock = ch._sock
+    calls: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[..., Any]:
+        real = getattr(socket.socket, name)
+
+        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            if self is sock:
+                calls[name] = calls.get(name, 0) + 1
+            return real(self, *args, **kwargs)
+
+        return call
+
+    for name in ("settimeout", "setblocking", "recv", "recv_into", "send", "sendall", "sendmsg"):
+        monkeypatch.setattr(socket.socket, name, counting(name))
+    waits = ch._reader._readable = CountingPoll(ch._reader._readable)
+    actions = np.array([1, 0, 1, 1], dtype=np.int64)
+    for k in range(50):
+        ch.send(("step", (actions + k,)))
+        status, (_, (got,)) = ch.recv(10)
+        assert status == "ok" and got.tolist() == (actions + k).tolist()
+    ch.close()
+    assert calls == {"sendmsg": 50, "recv_into": 50}
+    assert waits.calls == 50
+
+
+def test_a_reply_cut_by_a_timeout_is_finished_by_the_next_receive() -> None:
+    """What arrived before a timeout is kept: the stream never falls out of step."""
+    a, b = socket.socketpair()
+    with a, b:
+        b.setblocking(False)
+        reader = FrameReader(b)
+        first = b"".join(bytes(memoryview(f).cast("B")) for f in encode(("first", np.arange(5))))
+        second = b"".join(bytes(memoryview(f).cast("B")) for f in encode(("second", [1, 2])))
+        for cut in (3, 12, len(first) - 1):  # inside the header, right after it, one byte short
+            a.sendall(first[:cut])
+            with pytest.raises(TimeoutError):
+                reader.read(0.05)
+            a.sendall(first[cut:] + second)  # the rest, and the next message in the same write
+            got = decode(reader.read(10))
+            assert got[0] == "first" and got[1].tolist() == [0, 1, 2, 3, 4]
+            assert decode(reader.read(10)) == ("second", [1, 2])
+        a.sendall(second + second)  # two whole messages in one read: the second waits for the next call
+        assert decode(reader.read(10)) == ("second", [1, 2]) and decode(reader.read(10)) == ("second", [1, 2])
+        a.sendall(first[:20])
+        a.close()
+        with pytest.raises(ChannelError, match="closed by peer"):
+            reader.read(10)
+
+
+def test_the_reader_allocates_only_what_arrived_and_takes_large_messages_whole() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        b.setblocking(False)
+        a.sendall(struct.pack("!IQ", 1, 1 << 30) + b"x" * 1000)  # claims a GiB, sends a thousand bytes
+        a.close()
+        tracemalloc.start()
+        try:
+            with pytest.raises(ChannelError, match="closed by peer"):
+                FrameReader(b).read(10)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 8 << 20, f"reading a 1 GiB header that sent 1000 bytes allocated {peak} bytes"
+    payload = np.random.default_rng(1).integers(0, 255, size=(3 << 20) + 17, dtype=np.uint8)
+    a, b = socket.socketpair()
+    with a, b:
+        b.setblocking(False)
+        sender = threading.Thread(target=lambda: [a.sendall(f) for f in encode(("big", payload, [np.ones(3)]))])
+        sender.start()
+        reader = FrameReader(b)
+        got = decode(reader.read(30))
+        sender.join(30)
+        assert got[0] == "big" and np.array_equal(got[1], payload) and got[2][0].tolist() == [1.0, 1.0, 1.0]
+        a.sendall(b"".join(bytes(memoryview(f).cast("B")) for f in encode("small")))
+        assert decode(reader.read(10)) == "small"  # the buffer shrinks back for the next, small message
+
+
+@pytest.mark.parametrize(
+    "header",
+    [struct.pack("!I", 0) + struct.pack("!Q", 1), struct.pack("!I", 1 << 20) + struct.pack("!Q", 8),
+     struct.pack("!IQ", 1, 1 << 40)],
+    ids=["no frames", "too many frames", "more than the size cap"],
+)  # fmt: skip
+def test_the_reader_refuses_malformed_headers(header: bytes) -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        b.setblocking(False)
+        a.sendall(header)
+        with pytest.raises(ProtocolError, match=r"malformed|too large"):
+            FrameReader(b).read(10)
+
+
+def test_a_send_to_a_peer_that_reads_nothing_is_bounded() -> None:
+    """A group that stops reading holds a request at most ``send_timeout``; a closed one fails at once."""
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        big = np.zeros(64 << 20, dtype=np.uint8)  # far more than a socket buffer holds
+        with pytest.raises(TimeoutError):
+            write_frames(a, encode(("step", (big,))), timeout=0.05)
+    a, b = socket.socketpair()
+    with a:
+        b.close()
+        a.setblocking(False)
+        with pytest.raises(OSError):
+            write_frames(a, encode("hello"), timeout=10)

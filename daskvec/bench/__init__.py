@@ -14,10 +14,12 @@ envs with the same pre-generated, seeded random actions, and reports for each:
 Scenarios (see :data:`SCENARIOS`): ``light`` (CartPole-v1, 8 and 64 envs), ``heavy``
 (:class:`BusyEnv`, a step that burns 1 ms of CPU, 8 envs; the ideal is
 ``n_cores x 1000`` env-steps/s), ``images`` (:class:`ImageEnv`, 84x84x3 uint8
-observations, 16 envs) and ``training`` (PPO on CartPole-v1 with 8 envs for 25,000
+observations, 16 envs), ``training`` (PPO on CartPole-v1 with 8 envs for 25,000
 timesteps, wall time from construction to the end of ``learn`` plus the evaluated mean
-reward). ``--dashboard`` measures DaskVecEnv with the daskvec dashboard page open in a
-headless browser against the page closed.
+reward) and ``groups`` (DaskVecEnv alone with 2, 8, 32 and 64 groups of one CartPole-v1
+each: the client's wall and CPU time per vec-step and per group). ``--dashboard``
+measures DaskVecEnv with the daskvec dashboard page open in a headless browser against
+the page closed.
 
 Results come back as a dict (:func:`run_benchmark`), and are written as JSON and a PNG
 bar chart with the machine description.
@@ -28,6 +30,7 @@ The package, in the order a run uses it:
 - :mod:`~daskvec.bench.scenarios`: scenarios, vec env kinds, cases and options;
 - :mod:`~daskvec.bench.measure` and :mod:`~daskvec.bench.memory`: one vec env timed, and
   the memory of the processes it uses;
+- :mod:`~daskvec.bench.groups`: the ``groups`` scenario, the client's time per group;
 - :mod:`~daskvec.bench.dashboard_load`: the dashboard page open vs closed;
 - :mod:`~daskvec.bench.tls`: ``--tls``, the encrypted direct channel against actor calls
   and the plaintext channel;

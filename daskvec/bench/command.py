@@ -40,11 +40,11 @@ def _float_list(value: str) -> list[float]:
 
 
 #: Scenarios that run on their own, outside ``all`` (issue 13), and the Python-ceiling analysis.
-OWN_RUN = ("hosts", "learning", "ceiling")
+OWN_RUN = ("hosts", "learning", "learning-offpolicy", "ceiling")
 
 
 def _run_own(args: argparse.Namespace) -> int:
-    """Run the ``hosts`` and/or ``learning`` scenarios; print their tables."""
+    """Run the ``hosts``, ``learning`` and/or ``learning-offpolicy`` scenarios; print their tables."""
     from pathlib import Path
 
     if "hosts" in args.scenario:
@@ -83,6 +83,13 @@ def _run_own(args: argparse.Namespace) -> int:
         res = run_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
         print(format_learning_table(res))
         print(f"json: {out}")
+    if "learning-offpolicy" in args.scenario:
+        from daskvec.bench.offpolicy_learning import format_offpolicy_table, run_offpolicy_learning_check
+
+        out = Path(args.out) / "offpolicy-learning-check.json"
+        off = run_offpolicy_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
+        print(format_offpolicy_table(off))
+        print(f"json: {out}")
     return 0
 
 
@@ -101,8 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN],
         help="scenarios to run (default: all, which leaves out the real workloads atari, mujoco and "
         "contention: name them, or 'workloads'); 'none' with --dashboard runs only that; "
-        "'hosts' (emulated hosts, needs root), 'learning' and 'ceiling' (where DaskVecEnv's "
-        "step time goes against the Python ceiling, mujoco and atari) run on their own",
+        "'hosts' (emulated hosts, needs root), 'learning', 'learning-offpolicy' and 'ceiling' (where "
+        "DaskVecEnv's step time goes against the Python ceiling, mujoco and atari) run on their own",
     )
     parser.add_argument(
         "--vec-envs",
@@ -117,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N[,N...]",
         help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; "
-        "atari 16; mujoco 16,64; contention 8)",
+        "groups 2,8,32,64 groups of one env; atari 16; mujoco 16,64; contention 8)",
     )
     parser.add_argument("--seconds", type=float, default=2.0, help="time budget of each timed window (default 2)")
     parser.add_argument("--steps", type=int, default=None, help="fixed vec-steps per timed window instead of --seconds")

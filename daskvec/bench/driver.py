@@ -12,6 +12,7 @@ from typing import Any
 
 from daskvec.bench.dashboard_load import measure_dashboard
 from daskvec.bench.envs import action_cycle
+from daskvec.bench.groups import GROUPS_SCENARIO, groups_cases
 from daskvec.bench.gym_faces import GYM_SCENARIOS, gym_faces_case, straggler_case
 from daskvec.bench.machine import _usable_cores, machine_info
 from daskvec.bench.measure import _measure_case, _measure_training_case, busy_processes
@@ -268,6 +269,10 @@ def _scenario_cases(
     if scenario in GYM_SCENARIOS:  # issue 16: the Gymnasium faces, and stragglers
         yield _gym_case(scenario, sizes[0], opts)
         return
+    if scenario == GROUPS_SCENARIO:  # DaskVecEnv alone: client time per group
+        if "dask" in kinds:
+            yield from groups_cases(sizes, opts)
+        return
     for case in _cases(scenario, sizes, opts.heavy_step_s):
         yield _stepping_case(case, kinds, opts, cores)
 
@@ -283,7 +288,7 @@ def _gym_case(scenario: str, n: int, opts: Options) -> dict[str, Any]:
 
 
 def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = False) -> dict[str, Any]:
-    """PPO with ``n`` envs on every SB3 vec env, with the ratios.
+    """PPO with ``n`` envs on every vec env but AsyncVectorEnv, with the ratios.
 
     ``contention``: PPO for ``opts.contention_timesteps`` while :data:`CONTENTION_BUSY`
     busy-loop processes compete for the cores, started before each vec env is built and

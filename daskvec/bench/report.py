@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from daskvec.bench.groups import GROUPS_SCENARIO, format_groups_case
 from daskvec.bench.gym_faces import GYM_SCENARIOS, format_gym_case
 from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
 
@@ -19,12 +20,14 @@ __all__ = ["format_table", "plot_results", "write_results"]
 
 #: Scenarios that time PPO runs (wall time), not stepping windows.
 _PPO_SCENARIOS = ("training", "contention")
+#: Scenarios shown in the table only: they have no SubprocVecEnv baseline to chart ratios to.
+_TABLE_ONLY = (*GYM_SCENARIOS, GROUPS_SCENARIO)
 
 
 def _add_ratios(case: dict[str, Any]) -> None:
     results = case["results"]
     base = results.get(BASELINE, {})
-    if case["scenario"] in GYM_SCENARIOS:
+    if case["scenario"] in _TABLE_ONLY:
         return
     for res in results.values():
         if "error" in res or "skipped" in res:
@@ -63,7 +66,7 @@ def write_results(
     out.mkdir(parents=True, exist_ok=True)
     stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     files: dict[str, str] = {"json": str(out / f"bench-{stamp}.json")}
-    if plot and any(c["scenario"] not in GYM_SCENARIOS and not c.get("skipped") for c in results["cases"]):
+    if plot and any(c["scenario"] not in _TABLE_ONLY and not c.get("skipped") for c in results["cases"]):
         files["png"] = str(out / f"bench-{stamp}.png")
         plot_results(results, files["png"])
         shutil.copyfile(files["png"], out / "latest.png")
@@ -101,6 +104,9 @@ def format_table(results: dict[str, Any]) -> str:
             continue
         if case.get("skipped"):
             lines.append(f"{case['case']:<12} skipped: {case['skipped']}")
+            continue
+        if case["scenario"] == GROUPS_SCENARIO:
+            lines.extend(format_groups_case(case))
             continue
         lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
     dash = results.get("dashboard")
@@ -178,7 +184,7 @@ def _machine_lines(results: dict[str, Any]) -> list[str]:
             )
     lines.append(f"load average at the end {end:.1f} (counts the benchmark's own processes, still exiting)")
     lines.append(
-        "training/contention rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time;"
+        "training/contention rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time of the run;"
         " 'x Subproc' above 1 is faster for env-steps/s, below 1 is faster for times."
     )
     return lines
@@ -191,7 +197,7 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    cases = [c for c in results["cases"] if c["scenario"] not in GYM_SCENARIOS and not c.get("skipped")]
+    cases = [c for c in results["cases"] if c["scenario"] not in _TABLE_ONLY and not c.get("skipped")]
     kinds = [k for k in VEC_ENVS if any(k in c["results"] for c in cases)]
     colors = {"dummy": "#8c8c8c", "subproc": "#4c72b0", "async": "#dd8452", "dask": "#55a868",
               "envpool": "#8172b3", "dask-envpool": "#64b5cd"}  # fmt: skip

@@ -29,7 +29,7 @@ __all__ = [
 
 #: Scenario names, in the order they run.
 SCENARIOS: tuple[str, ...] = (
-    "light", "heavy", "images", "training", "gym-faces", "straggler", "atari", "mujoco", "contention",
+    "light", "heavy", "images", "training", "gym-faces", "straggler", "groups", "atari", "mujoco", "contention",
 )  # fmt: skip
 #: Real workloads: their own packages (the ``workloads`` extra), minutes each; run when named
 #: (or with ``workloads``), not with ``all``.
@@ -71,6 +71,7 @@ DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "training": (8,),
     "gym-faces": (64,),  # issue 16 (daskvec.bench.gym_faces)
     "straggler": (16,),
+    "groups": (2, 8, 32, 64),  # env groups of one CartPole each (daskvec.bench.groups)
     "atari": (16,),
     "mujoco": (16, 64),
     "contention": (8,),

@@ -12,7 +12,9 @@ moves each step's data. There are two channels with one interface:
     header, one payload and the raw buffers of large NumPy arrays (out of band, so
     arrays are never pickled element by element). The payload is a pickle, except
     for the two messages of every step, which are compact records of raw arrays
-    whenever their content allows (see :func:`encode`). A connection is
+    whenever their content allows (see :func:`encode`). The client's socket stays
+    non-blocking and waits with ``poll``: a reply that fits the buffer sized from the
+    previous one costs one ``poll`` and one ``recv``. A connection is
     served only after a mutual HMAC-SHA256 challenge over a fresh random token that
     the client handed the actor through Dask: a stranger is dropped before a single
     byte it sent is unpickled.

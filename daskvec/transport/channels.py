@@ -19,11 +19,12 @@ from daskvec.transport.wire import (
     DIGEST_BYTES,
     NONCE_BYTES,
     ChannelError,
+    FrameReader,
     PickleLoadError,
+    ProtocolError,
     digest,
     recv_exact,
-    recv_frames,
-    send_frames,
+    write_frames,
 )
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,16 @@ class DirectChannel:
         A client-side TLS context (the cluster's ``get_connection_args("client")``):
         the TCP connection is TLS, with this context's certificate for mutual TLS,
         before the token handshake. Not for a Unix socket.
+    send_timeout : float or None, optional
+        Seconds a request may wait for room in the socket (a group that stopped
+        reading); ``None``: no limit.
+
+    Notes
+    -----
+    After the handshake the socket stays non-blocking for good: every wait is a
+    ``poll`` with its own deadline, so no call switches the socket's mode (each switch
+    is a system call). A step costs one ``sendmsg``, one ``poll`` and usually one
+    ``recv`` (see :class:`~daskvec.transport.wire.FrameReader`).
 
     Attributes
     ----------
@@ -86,8 +97,10 @@ class DirectChannel:
         token: bytes,
         connect_timeout: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        send_timeout: float | None = None,
     ) -> None:
         self.address = address
+        self.send_timeout = send_timeout
         if isinstance(address, str) and ssl_context is not None:
             raise ValueError("a TLS channel needs a TCP address, not a Unix socket path")
         self.family = "unix" if isinstance(address, str) else "tcp" if ssl_context is None else "tls"
@@ -106,8 +119,9 @@ class DirectChannel:
             raise ChannelError(f"peer at {where} failed authentication")
         if self.family != "unix":
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(None)
+        sock.setblocking(False)
         self._sock: socket.socket | None = sock
+        self._reader = FrameReader(sock)
 
     def _open(
         self, address: tuple[str, int] | str, timeout: float, ssl_context: ssl.SSLContext | None
@@ -139,9 +153,11 @@ class DirectChannel:
         """See :class:`Channel`."""
         if self._sock is None:
             raise ChannelError("channel is closed")
+        frames = encode(request)
         try:
-            self._sock.settimeout(None)
-            send_frames(self._sock, encode(request))
+            write_frames(self._sock, frames, self.send_timeout)
+        except TimeoutError as e:  # part of the request may be out: the stream is out of step
+            raise ChannelError(f"send to {self._where} failed: the group took no request bytes ({e})") from e
         except OSError as e:
             raise ChannelError(f"send to {self._where} failed: {e}") from e
 
@@ -149,13 +165,13 @@ class DirectChannel:
         """See :class:`Channel`."""
         if self._sock is None:
             raise ChannelError("channel is closed")
-        self._sock.settimeout(timeout)
         try:
-            frames = recv_frames(self._sock)
-        except TimeoutError:
-            raise
+            frames = self._reader.read(timeout)
+        except TimeoutError as e:
+            raise TimeoutError(f"no reply from {self._where} within {timeout or 0:.1f}s") from e
         except OSError as e:
-            raise ChannelError(f"receive from {self._where} failed: {e}") from e
+            cls = ProtocolError if isinstance(e, ProtocolError) else ChannelError
+            raise cls(f"receive from {self._where} failed: {e}") from e
         return _decode_reply(frames, self._where)
 
     def fileno(self) -> int:

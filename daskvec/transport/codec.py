@@ -18,7 +18,7 @@ from typing import Any, cast
 import cloudpickle
 import numpy as np
 
-from daskvec.protocol import StepReply
+from daskvec.protocol import EMPTY, StepReply
 from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -245,13 +245,18 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         raise ProtocolError(f"malformed compact message: {type(e).__name__}: {e}") from e
     if len(flags) != n or len(obs) != n or (masks is not None and len(masks) != n):
         raise ProtocolError("malformed compact step reply (lengths differ)")
-    no = np.zeros(n, dtype=bool)
-    reply = StepReply(obs, rewards, no, no.copy(), env_seconds=env_seconds, masks=masks)
-    if quiet:
-        return reply
+    if quiet:  # no episode ended: the sparse columns share one read-only empty mapping
+        no = np.zeros(n, dtype=bool)
+        return StepReply(
+            obs, rewards, no, no.copy(), final_obs=EMPTY, infos=EMPTY, reset_infos=EMPTY, restarted=EMPTY,
+            env_seconds=env_seconds, masks=masks,
+        )  # fmt: skip
     bits = np.frombuffer(flags, dtype=np.uint8)
-    reply.terminated = (bits & _TERMINATED).astype(bool)
-    reply.truncated = (bits & _TRUNCATED).astype(bool)
+    # a compact reply never carries infos of the env's own or restarts (see _encode_step_reply)
+    reply = StepReply(
+        obs, rewards, (bits & _TERMINATED).astype(bool), (bits & _TRUNCATED).astype(bool),
+        final_obs={}, infos=EMPTY, reset_infos={}, restarted=EMPTY, env_seconds=env_seconds, masks=masks,
+    )  # fmt: skip
     k = 0
     for pos, b in enumerate(flags):
         if b & _FINAL_OBS:

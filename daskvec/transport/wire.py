@@ -10,6 +10,12 @@ Reading never trusts a length it was told: a frame is read in chunks into a buff
 grows only as the bytes arrive, so a header that claims a gigabyte costs nothing until a
 gigabyte has actually been sent, and a message larger than :data:`MAX_MESSAGE_BYTES` is
 refused outright.
+
+The worker side reads and writes blocking sockets (:func:`recv_frames`,
+:func:`send_frames`). The client side keeps each socket non-blocking for its whole life
+and waits with ``poll`` (:class:`FrameReader`, :func:`write_frames`): a step then costs
+it one ``sendmsg``, one ``poll`` and, when the reply fits the buffer sized from the
+previous one, one ``recv`` per group, with no switch of the socket's mode in between.
 """
 
 from __future__ import annotations
@@ -17,11 +23,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
+import select
 import socket
 import ssl
 import struct
 import threading
 import time
+from collections.abc import Sequence
+from typing import cast
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +43,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "NONCE_BYTES",
     "ChannelError",
+    "FrameReader",
     "PickleLoadError",
     "ProtocolError",
     "RateLimitedLog",
@@ -41,6 +52,7 @@ __all__ = [
     "recv_exact",
     "recv_frames",
     "send_frames",
+    "write_frames",
 ]
 
 COUNT = struct.Struct("!I")
@@ -139,6 +151,223 @@ def recv_frames(sock: socket.socket) -> list[bytearray]:
     if sum(lengths) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message too large ({sum(lengths)} bytes announced, at most {MAX_MESSAGE_BYTES})")
     return [recv_exact(sock, n) for n in lengths]
+
+
+# --------------------------------------------------------------------------- non-blocking sockets
+#: The smallest buffer a message is read into at first: header and body of a small reply
+#: arrive with one ``recv``.
+_FIRST_READ = 1024
+
+
+def _header_size(count: int) -> int:
+    return COUNT.size + 8 * count
+
+
+class FrameReader:
+    """Read whole messages from a non-blocking socket, in as few system calls as the bytes allow.
+
+    Each message is read into a fresh buffer (the frames it gives back, and arrays
+    decoded from them, stay valid) sized twice the previous message, so that a reply
+    like the last one, header and body, arrives with one ``poll`` and one ``recv``. A
+    larger message grows the buffer as its bytes arrive, as :func:`recv_exact` does: a
+    header that claims a gigabyte costs nothing until the bytes come. A message that a
+    timeout cut short is kept, and the next :meth:`read` goes on with it, so the stream
+    never falls out of step.
+
+    Parameters
+    ----------
+    sock : socket.socket
+        A connected socket, plain or TLS, in non-blocking mode.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._readable = select.poll()
+        self._readable.register(sock.fileno(), select.POLLIN)
+        self._size = _FIRST_READ
+        # the message being read: its buffer, the bytes in it, the frames' lengths once known
+        self._buf: bytearray | None = None
+        self._got = 0
+        self._lengths: Sequence[int] | None = None
+
+    def read(self, timeout: float | None) -> list[memoryview]:
+        """Read one message; return its frames (without the header).
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait for the whole message, in all; ``None``: no limit.
+
+        Raises
+        ------
+        TimeoutError
+            No whole message within ``timeout`` (what arrived is kept for the next call).
+        ProtocolError
+            A header that announces no frame, too many, or more than
+            :data:`MAX_MESSAGE_BYTES` in all.
+        ChannelError
+            The peer closed the connection.
+        OSError
+            The socket failed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._buf is None and not self._tls:
+            # the common case, kept short: a new message on a plain socket, often a
+            # single frame (a compact step reply) that one recv brings whole
+            self._wait(deadline, timeout)
+            buf = self._buf = bytearray(self._size)
+            try:
+                self._got = self._sock.recv_into(buf)
+            except BlockingIOError:
+                self._got = 0
+            else:
+                if self._got == 0:
+                    raise ChannelError("connection closed by peer")
+            if self._got >= _FIRST.size:
+                count, first = _FIRST.unpack_from(buf, 0)
+                if count == 1 and self._got == _FIRST.size + first:
+                    self._buf, self._got = None, 0
+                    self._size = min(max(2 * (_FIRST.size + first), _FIRST_READ), _CHUNK)
+                    return [memoryview(buf)[_FIRST.size : _FIRST.size + first]]
+        return self._read_on(deadline, timeout)
+
+    def _read_on(self, deadline: float | None, timeout: float | None) -> list[memoryview]:
+        """:meth:`read` from wherever the message in progress is: header, frames, growth, TLS."""
+        buf = self._buf
+        if buf is None:
+            buf = self._buf = bytearray(self._size)
+            self._got = 0
+        # a plain socket drained by the last recv has nothing before poll says so; a TLS
+        # socket may hold decrypted bytes that poll cannot see
+        wait = not self._buffered()
+        while True:
+            need = self._need(buf)
+            if self._got >= need and self._lengths is not None:
+                return self._finish(buf, need)
+            if self._got == len(buf):  # full, more announced: grow, at most doubling what has arrived
+                buf.extend(bytes(min(need, max(_CHUNK, 2 * len(buf))) - len(buf)))
+            if wait:
+                self._wait(deadline, timeout)
+            try:
+                with memoryview(buf) as view:
+                    k = self._sock.recv_into(view[self._got :], len(buf) - self._got)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                wait = True
+                continue
+            except ssl.SSLWantWriteError:  # TLS renegotiation: wait for room, then read again
+                _wait_for(self._sock, select.POLLOUT, deadline, timeout)
+                wait = False
+                continue
+            if k == 0:
+                raise ChannelError("connection closed by peer")
+            self._got += k
+            # a short read took all the socket had: wait for more (unless TLS has decrypted bytes
+            # buffered); a full buffer is grown and read again at once
+            wait = self._got < len(buf) and not self._buffered()
+
+    def _buffered(self) -> bool:
+        """Whether a TLS socket holds decrypted bytes, which ``poll`` cannot see."""
+        return self._tls and cast(ssl.SSLSocket, self._sock).pending() > 0
+
+    def _need(self, buf: bytearray) -> int:
+        """Bytes the message needs before it can be parsed further (its total once the header is in)."""
+        if self._lengths is not None:
+            return _header_size(len(self._lengths)) + sum(self._lengths)
+        if self._got < _FIRST.size:
+            return _FIRST.size
+        count, first = _FIRST.unpack_from(buf, 0)
+        if not 0 < count <= MAX_FRAMES:
+            raise ProtocolError(f"malformed message header ({count} frames)")
+        head = _header_size(count)
+        if self._got < head:
+            return head
+        lengths = (first, *struct.unpack_from(f"!{count - 1}Q", buf, _FIRST.size)) if count > 1 else (first,)
+        if sum(lengths) > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"message too large ({sum(lengths)} bytes announced, at most {MAX_MESSAGE_BYTES})")
+        self._lengths = lengths
+        return head + sum(lengths)
+
+    def _finish(self, buf: bytearray, total: int) -> list[memoryview]:
+        """The frames of the whole message in ``buf``; bytes beyond it start the next message."""
+        lengths = self._lengths
+        assert lengths is not None
+        view = memoryview(buf)
+        frames = []
+        offset = _header_size(len(lengths))
+        for n in lengths:
+            frames.append(view[offset : offset + n])
+            offset += n
+        self._size = min(max(2 * total, _FIRST_READ), _CHUNK)
+        rest = self._got - total
+        self._lengths = None
+        self._buf = None
+        if rest:  # a peer that sent more than one message: keep the rest for the next read
+            self._buf = bytearray(max(self._size, rest))
+            self._buf[:rest] = view[total : self._got]
+        self._got = rest
+        return frames
+
+    def _wait(self, deadline: float | None, timeout: float | None) -> None:
+        """Wait until the socket is readable (or closed), or raise ``TimeoutError`` at ``deadline``."""
+        while not self._readable.poll(_poll_ms(deadline)):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no whole message within {timeout:.3g}s")
+
+
+def _poll_ms(deadline: float | None) -> int | None:
+    """What ``poll`` waits until ``deadline``: whole milliseconds, rounded up (``None``: no limit)."""
+    if deadline is None:
+        return None
+    return max(math.ceil((deadline - time.monotonic()) * 1000), 0)
+
+
+def _wait_for(sock: socket.socket, event: int, deadline: float | None, timeout: float | None) -> None:
+    """Wait until ``sock`` is ready for ``event``, or raise ``TimeoutError`` at ``deadline``.
+
+    A rare path (a full socket buffer, TLS wanting the other direction): the poll object is made per call.
+    """
+    ready = select.poll()
+    ready.register(sock.fileno(), event)
+    while not ready.poll(_poll_ms(deadline)):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"the peer was not ready within {timeout:.3g}s")
+
+
+def write_frames(sock: socket.socket, frames: list[bytes | memoryview], timeout: float | None) -> None:
+    """Write one message's frames (header first) to a non-blocking ``sock``.
+
+    One ``sendmsg`` when the socket has room (a TLS socket, which has none, gets one
+    ``send`` of the joined frames, or one per frame above 64 KiB); otherwise it waits
+    with ``poll`` for room, at most ``timeout`` seconds in all (``None``: no limit).
+
+    Raises
+    ------
+    TimeoutError
+        The peer took no bytes for ``timeout`` seconds: part of the message may have
+        been written, so the stream is out of step.
+    OSError
+        The socket failed (the peer is gone).
+    """
+    views = [memoryview(f).cast("B") for f in frames]
+    tls = isinstance(sock, ssl.SSLSocket)
+    if tls and sum(v.nbytes for v in views) <= _JOIN_MAX:
+        views = [memoryview(b"".join(views))]
+    deadline: float | None = None
+    while views:
+        try:
+            sent = sock.send(views[0]) if tls else sock.sendmsg(views)
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError) as e:
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
+            event = select.POLLIN if isinstance(e, ssl.SSLWantReadError) else select.POLLOUT
+            _wait_for(sock, event, deadline, timeout)
+            continue
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
 
 
 def digest(token: bytes, role: bytes, nonce: bytes) -> bytes:

@@ -11,7 +11,9 @@
   that policy (both import torch and SB3 only when a rollout arrives, or not at all);
 - :mod:`daskvec.worker.reaper` -- releases groups that Dask dropped without a shutdown;
 - :mod:`daskvec.worker.probes` -- what a group learns about its worker (address,
-  deadline, profiler).
+  deadline, profiler);
+- :mod:`daskvec.worker.embedded` -- the set-up of the embedded cluster's workers (a
+  Dask preload: they ignore Ctrl-C and leave a factory's error to the client).
 
 This package is imported by every worker process: it does not import
 Stable-Baselines3 or torch.

@@ -8,6 +8,7 @@ and, for the error messages about observation shapes, by the client's step buffe
 
 from __future__ import annotations
 
+import copy
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -16,9 +17,10 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import RemoteError
+from daskvec.protocol import PerEnv, RemoteError
 
 __all__ = [
+    "ARRAY_SPACES",
     "EnvFailure",
     "factory_name",
     "has_method",
@@ -32,16 +34,25 @@ __all__ = [
 ]
 
 
+#: The spaces whose observations stack into one array (Gymnasium's ``concatenate`` stacks them too).
+ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
 def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
     """Stack per-env observations along a new first axis, following ``space``.
 
-    Dict spaces give a dict of arrays, Tuple spaces a tuple of arrays, anything else
-    one array. Each result is one contiguous buffer, sent out of band.
+    Dict spaces give a dict, Tuple spaces a tuple, of what their subspaces give; array
+    spaces (Box, Discrete, MultiDiscrete, MultiBinary) one array, a contiguous buffer
+    sent out of band; any other space (Graph, Text, Sequence, OneOf, custom spaces) a
+    :class:`~daskvec.protocol.PerEnv` tuple of the observations themselves, as
+    Gymnasium's vector envs batch them.
     """
     if isinstance(space, gym.spaces.Dict):
         return {k: stack_obs([o[k] for o in obs_list], sub) for k, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
         return tuple(stack_obs([o[i] for o in obs_list], sub) for i, sub in enumerate(space.spaces))
+    if not isinstance(space, ARRAY_SPACES):
+        return PerEnv(obs_list)
     try:
         stacked = np.array(obs_list)  # one C call; np.stack does the same in Python
     except ValueError:
@@ -54,6 +65,8 @@ def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
 
 def obs_shape(obs: Any) -> Any:
     """The shape of one env's observation (per key or entry for dict and tuple ones)."""
+    if isinstance(obs, PerEnv):
+        return f"{len(obs)} values"
     if isinstance(obs, dict):
         return {k: obs_shape(v) for k, v in obs.items()}
     if isinstance(obs, tuple):
@@ -62,6 +75,9 @@ def obs_shape(obs: Any) -> Any:
 
 
 def row(stacked: Any, pos: int) -> Any:
+    """A copy of env ``pos``'s observation in what :func:`stack_obs` returned."""
+    if isinstance(stacked, PerEnv):
+        return copy.deepcopy(stacked[pos])
     if isinstance(stacked, dict):
         return {k: row(v, pos) for k, v in stacked.items()}
     if isinstance(stacked, tuple):

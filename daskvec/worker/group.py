@@ -59,6 +59,7 @@ from daskvec.worker.envs import (
     stack_obs,
     wrapper_attr,
 )
+from daskvec.worker.offpolicy import run_off_policy
 from daskvec.worker.reaper import Release
 from daskvec.worker.rollout import run_rollout
 from daskvec.worker.vector import VectorEnvs
@@ -126,6 +127,7 @@ class EnvGroup:
     ) -> None:
         self._worker = probes.current_worker()
         self.autoreset = Autoreset(spec.autoreset)
+        self.always_pass_options = spec.always_pass_options
         # NEXT_STEP: envs whose next step request resets them (None), or hands out the
         # first observation and reset info of their rebuild
         self._pending: dict[int, tuple[Any, dict[str, Any]] | None] = {}
@@ -202,6 +204,7 @@ class EnvGroup:
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
             Command.ROLLOUT: self.rollout,  # issue 13
             Command.NUMBER: self._number,
+            Command.OFF_POLICY: self.off_policy,
         }
         self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
 
@@ -412,7 +415,7 @@ class EnvGroup:
         seed = restart_seed(index, self.rebuilds[pos], self._seeds[pos])
         try:
             self.envs[pos] = self._build(pos, self._factories[pos])
-            obs, reset_info = self.envs[pos].reset(seed=seed)
+            obs, reset_info = self._env_reset(self.envs[pos], seed, None)
         except Exception as e:
             raise self._fail(pos, e) from e
         self._masks_on = self._detect_masks()
@@ -436,6 +439,10 @@ class EnvGroup:
     def rollout(self, request: RolloutRequest) -> RolloutReply:
         """Run the envs for a whole rollout with the shipped policy (see :mod:`daskvec.worker.rollout`)."""
         return run_rollout(self, request)
+
+    def off_policy(self, request: RolloutRequest) -> RolloutReply:
+        """Run the envs for an off-policy collection with the shipped actor (see :mod:`daskvec.worker.offpolicy`)."""
+        return run_off_policy(self, request)
 
     def step(self, actions: Any) -> StepReply:
         """Step every env with its action; an episode's end is handled as ``autoreset`` says."""
@@ -521,19 +528,24 @@ class EnvGroup:
     def _reset_one(
         self, pos: int, seed: int | None, options: dict[str, Any] | None, restarted: dict[int, dict[str, Any]]
     ) -> tuple[Any, dict[str, Any]]:
-        env = self.envs[pos]
         try:
-            if options:
-                return env.reset(seed=seed, options=options)
-            return env.reset(seed=seed)
+            return self._env_reset(self.envs[pos], seed, options)
         except Exception as e:
             obs, reset_info, restarted[pos] = self._recover(pos, e)
             return obs, reset_info
 
+    def _env_reset(
+        self, env: gym.Env[Any, Any], seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
+        """``env.reset`` as the group's face calls it (see ``GroupSpec.always_pass_options``)."""
+        if options or self.always_pass_options:
+            return env.reset(seed=seed, options=options)
+        return env.reset(seed=seed)
+
     def reset(
         self,
         seeds: list[int | None],
-        options: list[dict[str, Any]],
+        options: list[dict[str, Any] | None],
         user: bool = True,
         mask: Sequence[bool] | None = None,
     ) -> ResetReply:
