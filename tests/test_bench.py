@@ -328,7 +328,7 @@ def test_contention_structure(cluster2: Any, tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_ceiling_splits_the_step_time(tmp_path: Path) -> None:
     """``--scenario ceiling``: the ideal from DummyVecEnv, each variant's time split and CPU per vec-step."""
-    from daskvec.bench.ceiling import format_ceiling_table, run_ceiling
+    from benchmarks.ceiling import format_ceiling_table, run_ceiling
     from daskvec.bench.scenarios import missing_packages
 
     if missing_packages("mujoco"):
@@ -450,7 +450,7 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- across hosts (issue 13)
 def test_across_hosts_goals_and_table() -> None:
     """The goals read the ratios to the 0 ms row; the table shows every round trip."""
-    from daskvec.bench.across import _ratios, format_across_table
+    from benchmarks.across import _ratios, format_across_table
 
     def row(rtt: float, rollouts: float, ppo: float, daskppo: float) -> dict[str, Any]:
         return {"rtt_ms": rtt, "sync_steps_per_s": 1000.0 / (1 + rtt), "sync_collect_steps_per_s": 500.0,

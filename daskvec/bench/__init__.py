@@ -30,9 +30,9 @@ The package, in the order a run uses it:
 - :mod:`~daskvec.bench.scenarios`: scenarios, vec env kinds, cases and options;
 - :mod:`~daskvec.bench.measure` and :mod:`~daskvec.bench.memory`: one vec env timed, and
   the memory of the processes it uses;
-- :mod:`~daskvec.bench.groups`: the ``groups`` scenario, the client's time per group;
-- :mod:`~daskvec.bench.dashboard_load`: the dashboard page open vs closed;
-- :mod:`~daskvec.bench.tls`: ``--tls``, the encrypted direct channel against actor calls
+- :mod:`~benchmarks.groups`: the ``groups`` scenario, the client's time per group;
+- :mod:`~benchmarks.dashboard_load`: the dashboard page open vs closed;
+- :mod:`~benchmarks.tls`: ``--tls``, the encrypted direct channel against actor calls
   and the plaintext channel;
 - :mod:`~daskvec.bench.machine`: the machine and software;
 - :mod:`~daskvec.bench.driver`: :func:`run_benchmark`, every case in turn;
@@ -41,11 +41,11 @@ The package, in the order a run uses it:
 
 Two scenarios run on their own, outside ``all`` (issue 13):
 
-- ``hosts`` (:mod:`~daskvec.bench.across`, on :mod:`~daskvec.bench.hosts`): emulated
+- ``hosts`` (:mod:`~benchmarks.across`, on :mod:`~benchmarks.hosts`): emulated
   worker hosts (network namespaces, a delay relay; needs root and iptables) with a
   round-trip sweep (``--rtt 0,2,10``): synchronous stepping, PPO's loop, worker-side
   rollouts (:class:`~daskvec.sb3.DaskPPO`), PPO vs DaskPPO wall time, the relay's cost;
-- ``learning`` (:mod:`~daskvec.bench.learning`): DaskPPO against PPO with DummyVecEnv on
+- ``learning`` (:mod:`~benchmarks.learning`): DaskPPO against PPO with DummyVecEnv on
   CartPole-v1, 8 envs, 50,000 timesteps, seeds 0, 1, 2.
 
 Importing it stays light (the standard library, numpy and gymnasium; everything else is
@@ -55,8 +55,8 @@ imported when used) because Dask workers and subprocesses import
 
 from __future__ import annotations
 
+from benchmarks.dashboard_load import bokeh_connections, bokeh_routes, find_dashboard_route, measure_dashboard
 from daskvec.bench.command import add_arguments, main, run
-from daskvec.bench.dashboard_load import bokeh_connections, bokeh_routes, find_dashboard_route, measure_dashboard
 from daskvec.bench.driver import SCHEMA_VERSION, run_benchmark
 from daskvec.bench.envs import BusyEnv, ImageEnv, action_cycle, burn_cpu
 from daskvec.bench.machine import machine_info

@@ -48,7 +48,7 @@ def _run_own(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if "hosts" in args.scenario:
-        from daskvec.bench.across import format_across_table, run_across_hosts
+        from benchmarks.across import format_across_table, run_across_hosts
 
         try:
             res = run_across_hosts(args.rtt, n_hosts=args.hosts, n_envs=(args.envs or [64])[0], seconds=args.seconds,
@@ -62,7 +62,7 @@ def _run_own(args: argparse.Namespace) -> int:
     if "ceiling" in args.scenario:
         import json
 
-        from daskvec.bench.ceiling import format_ceiling_table, run_ceiling
+        from benchmarks.ceiling import format_ceiling_table, run_ceiling
         from daskvec.bench.scenarios import missing_packages
 
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -77,14 +77,14 @@ def _run_own(args: argparse.Namespace) -> int:
             print(format_ceiling_table(res))
             print(f"json: {out}")
     if "learning" in args.scenario:
-        from daskvec.bench.learning import format_learning_table, run_learning_check
+        from benchmarks.learning import format_learning_table, run_learning_check
 
         out = Path(args.out) / "learning-check.json"
         res = run_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
         print(format_learning_table(res))
         print(f"json: {out}")
     if "learning-offpolicy" in args.scenario:
-        from daskvec.bench.offpolicy_learning import format_offpolicy_table, run_offpolicy_learning_check
+        from benchmarks.offpolicy_learning import format_offpolicy_table, run_offpolicy_learning_check
 
         out = Path(args.out) / "offpolicy-learning-check.json"
         off = run_offpolicy_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
@@ -280,7 +280,7 @@ def _run_tls(args: argparse.Namespace, quiet: contextlib.AbstractContextManager[
     import json
     import os
 
-    from daskvec.bench.tls import format_tls_table, run_tls_benchmark
+    from benchmarks.tls import format_tls_table, run_tls_benchmark
 
     with quiet:
         result = run_tls_benchmark(n_envs=(args.envs or [8])[0], seconds=args.seconds, warmup=args.warmup,

@@ -10,10 +10,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from daskvec.bench.dashboard_load import measure_dashboard
+from benchmarks.dashboard_load import measure_dashboard
+from benchmarks.groups import GROUPS_SCENARIO, groups_cases
+from benchmarks.gym_faces import GYM_SCENARIOS, gym_faces_case, straggler_case
 from daskvec.bench.envs import action_cycle
-from daskvec.bench.groups import GROUPS_SCENARIO, groups_cases
-from daskvec.bench.gym_faces import GYM_SCENARIOS, gym_faces_case, straggler_case
 from daskvec.bench.machine import _usable_cores, machine_info
 from daskvec.bench.measure import _measure_case, _measure_training_case, busy_processes
 from daskvec.bench.report import _add_ratios, write_results
@@ -278,7 +278,7 @@ def _scenario_cases(
 
 
 def _gym_case(scenario: str, n: int, opts: Options) -> dict[str, Any]:
-    """A Gymnasium scenario (:mod:`daskvec.bench.gym_faces`), with its settings from the run's options."""
+    """A Gymnasium scenario (:mod:`benchmarks.gym_faces`), with its settings from the run's options."""
     seconds = opts.seconds if opts.steps is None else max(0.2, opts.steps / 100)
     if scenario == "gym-faces":
         return gym_faces_case(n, seconds, opts.warmup, opts.seed, opts.scheduler, repeat=opts.repeat)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from daskvec.bench.groups import GROUPS_SCENARIO, format_groups_case
-from daskvec.bench.gym_faces import GYM_SCENARIOS, format_gym_case
+from benchmarks.groups import GROUPS_SCENARIO, format_groups_case
+from benchmarks.gym_faces import GYM_SCENARIOS, format_gym_case
 from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
 
 __all__ = ["format_table", "plot_results", "write_results"]

@@ -7,7 +7,7 @@ client's and the direct channel uses TCP, as between real machines. One ``dask w
 address in the root namespace and the client runs in the calling process.
 
 Latency comes from a transparent delay relay per host (this file run as a script:
-``python -m daskvec.bench.hosts relay``): an ``iptables -t nat ... REDIRECT`` rule in the host sends
+``python -m benchmarks.hosts relay``): an ``iptables -t nat ... REDIRECT`` rule in the host sends
 every incoming TCP connection to it, it finds the original destination with
 ``SO_ORIGINAL_DST``, connects there and forwards each chunk after half the round trip,
 in each direction, in order. The rule is installed before the worker starts: a REDIRECT
@@ -20,7 +20,7 @@ manager and the fixture call even when a test fails. Needs root, ``ip``, ``unsha
 ``iptables`` (:func:`missing_requirements` says what is missing; the fixture skips).
 
 Used by the tests (``tests/hosts.py`` adds the pytest fixture) and by the across-hosts
-benchmark (:mod:`daskvec.bench.across`): :func:`emulated_hosts` is a context manager,
+benchmark (:mod:`benchmarks.across`): :func:`emulated_hosts` is a context manager,
 :func:`measure_relay_cost` measures the relay's own round-trip cost. Importing this
 module needs only the standard library.
 """
