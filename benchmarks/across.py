@@ -29,6 +29,7 @@ import json
 import logging
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -197,8 +198,6 @@ def run_across_hosts(
         "rows": [],
         "complete": False,
     }
-    import tempfile
-
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with _terminate_as_exit(), tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
         for k, rtt in enumerate(rtts):

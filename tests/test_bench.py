@@ -386,6 +386,44 @@ def test_groups_scenario_structure(cluster2: Any, tmp_path: Path) -> None:
     assert bench.run_benchmark(scenarios=["groups"], vec_envs=["dummy"], n_envs=[2], steps=1)["cases"] == []
 
 
+def test_the_benchmarks_of_the_source_repository_are_found_beside_the_package() -> None:
+    """A checkout (this one, an editable install): ``benchmarks/`` beside ``daskvec/``, its modules from there."""
+    from daskvec.bench import source
+
+    root = Path(__file__).resolve().parent.parent
+    assert source.benchmarks_dir() == root / "benchmarks"
+    assert Path(str(source.module("hosts").__file__)) == root / "benchmarks" / "across.py"
+    assert Path(str(source.module("--tls", "command").__file__)) == root / "benchmarks" / "command.py"
+
+
+def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without ``benchmarks/`` beside the package: named, a message saying where it is (exit 2); in "all", skipped."""
+    from daskvec.bench import driver, source
+
+    monkeypatch.setattr(source, "benchmarks_dir", lambda: None)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    asked = {("--scenario", "hosts"): "across", ("--scenario", "learning-offpolicy"): "offpolicy_learning",
+             ("--scenario", "groups"): "groups", ("--tls",): "tls",
+             ("--scenario", "none", "--dashboard"): "dashboard_load"}  # fmt: skip
+    for argv, where in asked.items():
+        assert bench.run(parser.parse_args([*argv, "--out", str(tmp_path)])) == 2, argv
+        err = capsys.readouterr().err
+        assert f"source repository (benchmarks/{where}.py)" in err and 'pip install -e ".[test]"' in err, err
+    with pytest.raises(source.InSourceOnly, match="gym-faces"):
+        bench.run_benchmark(scenarios=["light", "gym-faces"])
+    chosen, _ = driver._check_selection(["all"], ["dask"], "auto", 1.0, None, 0.0, 1, None)
+    assert {"gym-faces", "straggler", "groups"} <= set(chosen)  # "all" does not fail: they are skipped
+    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options(), 1)
+    assert case["results"] == {} and "source repository" in case["skipped"]
+    assert "straggler    skipped: a benchmark of the source repository" in bench.format_table(
+        {"cases": [case], "machine": {"cpu": "x", "cores_usable": 1, "memory_gb": 1, "python": "3"}}
+    )
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
 def test_invalid_options() -> None:
     with pytest.raises(ValueError, match="unknown scenario"):
         bench.run_benchmark(scenarios=["fast"])
