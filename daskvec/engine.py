@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -125,6 +126,10 @@ class Engine:
         only when some are given (Stable-Baselines3); see :class:`daskvec.protocol.GroupSpec`.
     check_spaces : SpaceCheck, optional
         How the envs' spaces are checked (default :func:`same_spaces`).
+    vector : bool
+        ``env_fns`` make vectorized envs (a Gymnasium ``VectorEnv``, an EnvPool): one
+        group each, stepped with one call (:mod:`daskvec.worker.vector`). The number of
+        envs is known once they are built; ``envs_per_actor`` does not apply.
 
     Attributes
     ----------
@@ -148,9 +153,11 @@ class Engine:
         autoreset: str = "SameStep",
         always_pass_options: bool = False,
         check_spaces: SpaceCheck = same_spaces,
+        vector: bool = False,
     ) -> None:
-        self.env_fns = check_env_fns(env_fns)
-        self.n_envs = len(self.env_fns)
+        self.env_fns = check_env_fns(env_fns, "vector_env_fns" if vector else "env_fns")
+        self.vector = vector
+        self.n_envs = len(self.env_fns)  # a vector engine counts its envs once they are built
         self.closed = False
         self.broken: BaseException | None = None
         self._batch: _Batch | None = None
@@ -167,14 +174,19 @@ class Engine:
             self.options = replace(options, transport=transport, encrypted=encrypted)
             self.directory = WorkerDirectory(self.client, self.options)
             self.pool = GroupPool(
-                self.client, self.env_fns, self.options, self.directory, autoreset, always_pass_options
+                self.client, self.env_fns, self.options, self.directory, autoreset, always_pass_options, vector
             )
-            self.ledger = RestartLedger(self.n_envs)
-            self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
             _cluster.keep_env_workers(self.client, self.options.timeout)
             workers_now = self.directory.wait_for_workers()
-            layout = _cluster.plan_groups(self.n_envs, len(workers_now), self.options.envs_per_actor)
-            self.pool.spawn(self.directory.assign(layout, workers_now, {}), self.ledger)
+            if vector:
+                self.pool.spawn_vectors(workers_now, RestartLedger(0))
+                self.n_envs = sum(len(g.env_indices) for g in self.pool.groups)
+                self.ledger = RestartLedger(self.n_envs)
+            else:
+                self.ledger = RestartLedger(self.n_envs)
+                layout = _cluster.plan_groups(self.n_envs, len(workers_now), self.options.envs_per_actor)
+                self.pool.spawn(self.directory.assign(layout, workers_now, {}), self.ledger)
+            self.recovery = Recovery(self.pool, self.directory, self.ledger, self.options)
             self.observation_space, self.action_space = self._check_spaces(check_spaces)
         except BaseException:
             if self.pool is not None:
@@ -184,6 +196,7 @@ class Engine:
             raise
         self.timer = ClientTimer()
         self._last_stats = time.monotonic()
+        self._seeds_warned = False
 
     def _check_spaces(self, check: SpaceCheck) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The envs' spaces, as ``check`` accepts them."""
@@ -411,6 +424,7 @@ class Engine:
         """
         self.settle()
         self.ledger.set_seeds([s if mask is None or mask[i] else None for i, s in enumerate(seeds)])
+        self._warn_fixed_seeds(seeds)
 
         def build() -> Requests:
             requests: Requests = {}
@@ -500,6 +514,21 @@ class Engine:
             out.append(values[g][cursor[g]] if values[g] else None)
             cursor[g] += 1
         return out
+
+    def _warn_fixed_seeds(self, seeds: Sequence[int | None]) -> None:
+        """Warn, once, that seeds were given to envs that take theirs only when made (EnvPool)."""
+        if self._seeds_warned or all(s is None for s in seeds):
+            return
+        fixed = [g for g in self.groups if not g.desc.reseeds and any(seeds[i] is not None for i in g.env_indices)]
+        if fixed:
+            self._seeds_warned = True
+            warnings.warn(
+                f"the vector envs of envs {fixed[0].env_indices} ({fixed[0].desc.vector}) take their seed when they "
+                "are made and ignore the seeds given to reset(); seed them in their factories "
+                "(e.g. envpool.make_gymnasium(..., seed=s))",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def per_env(
         self,

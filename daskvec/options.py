@@ -217,8 +217,16 @@ def _log_ignored(face: str, why: str, given: dict[str, Any]) -> None:
         )
 
 
-def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
+def check_env_fns(env_fns: Any, name: str = "env_fns") -> list[Callable[[], Any]]:
     """``env_fns`` as a list of factories, or a clear error.
+
+    Parameters
+    ----------
+    env_fns : sequence of callable
+        The factories.
+    name : str
+        What the caller calls them, for the messages (``"vector_env_fns"`` for
+        factories of vectorized envs).
 
     Raises
     ------
@@ -229,22 +237,22 @@ def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
     """
     if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
         if callable(env_fns):
-            raise TypeError("env_fns must be a list of env factories, not a single callable; wrap it: [make_env]")
-        raise TypeError(f"env_fns must be a list of callables that create envs, not {type(env_fns).__name__}")
+            raise TypeError(f"{name} must be a list of env factories, not a single callable; wrap it: [make_env]")
+        raise TypeError(f"{name} must be a list of callables that create envs, not {type(env_fns).__name__}")
     fns = list(env_fns)
     if not fns:
-        raise ValueError("env_fns is empty: pass at least one callable that creates an env")
+        raise ValueError(f"{name} is empty: pass at least one callable that creates an env")
     owner: dict[int, int] = {}
     for i, fn in enumerate(fns):
         if not callable(fn):
             raise TypeError(
-                f"env_fns[{i}] is a {type(fn).__name__}, not a callable; pass factories such as "
+                f"{name}[{i}] is a {type(fn).__name__}, not a callable; pass factories such as "
                 "`lambda: gym.make('CartPole-v1')`, not env instances"
             )
         for captured in _captured_envs(fn):
             if id(captured) in owner and owner[id(captured)] != i:
                 raise ValueError(
-                    f"env_fns[{owner[id(captured)]}] and env_fns[{i}] return the same env instance; "
+                    f"{name}[{owner[id(captured)]}] and {name}[{i}] return the same env instance; "
                     "each factory must create a new env"
                 )
             owner[id(captured)] = i

@@ -87,7 +87,11 @@ class Group:
     index: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        idx = self.env_indices
+        self.renumber(self.env_indices)
+
+    def renumber(self, env_indices: list[int]) -> None:
+        """Give the group its envs' indices (a vector group's are known once it is built)."""
+        self.env_indices = idx = list(env_indices)
         if idx == list(range(idx[0], idx[0] + len(idx))):
             self.index = slice(idx[0], idx[0] + len(idx))
         else:
@@ -199,6 +203,9 @@ class GroupPool:
     always_pass_options : bool
         Whether the groups call ``env.reset(seed=..., options=...)`` always (Gymnasium's
         way, see :class:`daskvec.protocol.GroupSpec`) or ``options=`` only when given.
+    vector : bool
+        ``env_fns`` are factories of vectorized envs: each makes one group of its own,
+        which is never split nor merged (:meth:`spawn_vectors` creates and numbers them).
     """
 
     def __init__(
@@ -209,6 +216,7 @@ class GroupPool:
         directory: WorkerDirectory,
         autoreset: str = "SameStep",
         always_pass_options: bool = False,
+        vector: bool = False,
     ):
         self.client = client
         # how the face wants its groups to reset envs, given to every group created
@@ -224,6 +232,11 @@ class GroupPool:
         # a batch (a step, a rollout, collected together by collect()) or a step of a
         # group stepping on its own (a partial batch, handed out by collect_ready())
         self._flights: dict[str, Flight] = {}
+        self.vector = vector
+        # a vector pool's groups, by their env indices: the factory that builds each; before
+        # spawn_vectors() has numbered the envs, a group's placeholder indices are [factory]
+        self._units: dict[tuple[int, ...], int] = {}
+        self._numbered = not vector
 
     # ------------------------------------------------------------------ views
     def load(self) -> dict[str, int]:
@@ -276,7 +289,7 @@ class GroupPool:
                                 with contextlib.suppress(Exception):
                                     other.cancel()
                             if not isinstance(e, EnvBuildError):  # which already names them
-                                names = ", ".join(sorted({factory_name(self.env_fns[i]) for i in indices}))
+                                names = ", ".join(self._factory_names(indices))
                                 e.add_note(f"daskvec: while building envs {indices} (factory {names}) on {worker}")
                             raise e
                         logger.warning(
@@ -304,6 +317,45 @@ class GroupPool:
             raise
         return created
 
+    def spawn_vectors(self, workers: list[str], history: RestartHistory) -> list[Group]:
+        """Create one group per vector factory on ``workers``, then number their envs in factory order.
+
+        A vector env's size is known only once it is built, so the groups are created
+        with placeholder indices (``[k]`` for factory ``k``, never sent to the workers)
+        and then told their envs' vec-env indices (``Command.NUMBER``): factory 0's envs
+        come first.
+
+        Raises
+        ------
+        DaskVecEnvError
+            A group could not be told its indices (its worker was lost at once).
+        """
+        if self._numbered:
+            raise RuntimeError("daskvec internal error: spawn_vectors() on a numbered pool")
+        placeholders = [[k] for k in range(len(self.env_fns))]
+        self._units = {(k,): k for k in range(len(self.env_fns))}
+        created = self.spawn(self.directory.assign(placeholders, workers, {}), history)
+        try:
+            start = 0
+            units: dict[tuple[int, ...], int] = {}
+            for g in sorted(created, key=lambda g: g.env_indices[0]):
+                n = len(g.desc.observation_spaces)
+                unit = g.env_indices[0]
+                g.renumber(list(range(start, start + n)))
+                units[tuple(g.env_indices)] = unit
+                start += n
+            self._units, self._numbered = units, True
+            replies = self.call({g: (Command.NUMBER, (list(g.env_indices),)) for g in created}, self.options.timeout)
+            failed = {g: r for g, r in replies.items() if isinstance(r, (BaseException, RemoteError))}
+            if failed:
+                g, why = next(iter(failed.items()))
+                raise DaskVecEnvError(f"the vector env group of envs {g.env_indices} on {g.worker} failed: {why}")
+        except BaseException:
+            self.teardown(created, graceful=False)
+            raise
+        self.groups.sort(key=lambda g: g.env_indices[0])
+        return created
+
     def _check_crash(self, lost: list[str], indices: list[int], worker: str, exc: Exception) -> Exception:
         """``exc``, or an :class:`EnvBuildError` when building ``indices`` lost a second worker.
 
@@ -314,7 +366,7 @@ class GroupPool:
         lost.append(worker)
         if len(lost) < 2:
             return exc
-        names = sorted({factory_name(self.env_fns[i]) for i in indices})
+        names = self._factory_names(indices)
         err = EnvBuildError(
             f"building envs {indices} (factory {', '.join(names)}) ended the process building them on "
             f"{len(lost)} workers in a row ({', '.join(lost)}): the factory calls os._exit or crashes the "
@@ -324,27 +376,43 @@ class GroupPool:
         err.__cause__ = exc
         return err
 
+    def _factory_names(self, indices: Sequence[int]) -> list[str]:
+        """The names of the factories that build the envs ``indices`` (for messages)."""
+        fns = [self.env_fns[self._units[tuple(indices)]]] if self.vector else [self.env_fns[i] for i in indices]
+        return sorted({factory_name(fn) for fn in fns})
+
+    def _factories(self, indices: list[int]) -> bytes:
+        """The pickled factories of a group holding the envs ``indices``."""
+        if not self.vector:
+            return _cluster.dumps_factories(self.env_fns, indices)
+        unit = self._units.get(tuple(indices))
+        if unit is None:  # a plan that splits or merges vector groups: a bug, never a user's mistake
+            raise RuntimeError(f"daskvec internal error: envs {indices} are not the envs of one vector env")
+        return _cluster.dumps_factories(self.env_fns, [unit])
+
     def _submit(self, indices: list[int], worker: str, history: RestartHistory) -> tuple[Any, ...]:
         token = secrets.token_bytes(32) if self.transport != "actor" else None
         key = f"{GROUP_KEY_PREFIX}{uuid.uuid4().hex}"
+        known = self._numbered  # a vector group built for the first time learns its indices afterwards
         spec = GroupSpec(
-            env_indices=tuple(indices),
+            env_indices=tuple(indices) if known else (),
             token=token,
             on_env_error=self.options.on_env_error,
             max_restarts=self.options.max_restarts,
-            error_restarts=tuple(int(history.error_restarts[i]) for i in indices),
-            rebuilds=tuple(int(history.restart_counts[i]) for i in indices),
-            base_seeds=tuple(history.base_seeds[i] for i in indices),
+            error_restarts=tuple(int(history.error_restarts[i]) for i in indices) if known else None,
+            rebuilds=tuple(int(history.restart_counts[i]) for i in indices) if known else None,
+            base_seeds=tuple(history.base_seeds[i] for i in indices) if known else None,
             busy_poll=self.options.busy_poll,
             send_masks=self.options.cache_action_masks,
             autoreset=self.autoreset,
             always_pass_options=self.always_pass_options,
             tls=self.options.encrypted,  # the group's TCP channel speaks TLS
             build_timeout=self.options.timeout,  # the worker gives up first (_BUILD_MARGIN)
+            vector=self.vector,
         )
         fut = self.client.submit(
             EnvHost if self.options.env_process else EnvGroup,
-            _cluster.dumps_factories(self.env_fns, indices),
+            self._factories(indices),
             spec,
             actor=True,
             workers=[worker],

@@ -86,6 +86,8 @@ class Command(enum.StrEnum):
     SET_WRAPPER_ATTR = "set_wrapper_attr"  # (name, values, positions) -> None: one value per position
     # issue 13: worker-side rollouts
     ROLLOUT = "rollout"  # (RolloutRequest,) -> RolloutReply
+    # vector envs as groups: a vector group learns its envs' vec-env indices once its size is known
+    NUMBER = "number"  # (env_indices,) -> None
     # off-policy collections (DaskSAC, DaskTD3, DaskDQN): a rollout whose actions explore as planned
     OFF_POLICY = "off_policy"  # (RolloutRequest with an ExplorationPlan,) -> RolloutReply
 
@@ -176,6 +178,11 @@ class GroupSpec:
         Make the direct channel's TCP socket TLS, with the worker's certificates.
     build_timeout : float or None
         Seconds the factories may take in all (``None``: no limit).
+    vector : bool
+        The factories are one callable that returns a vectorized env (a Gymnasium
+        ``VectorEnv`` or an EnvPool instance), stepped with one call per request
+        (:mod:`daskvec.worker.vector`). Its ``env_indices`` may be empty when the group
+        is first built: its size is known only then, and ``Command.NUMBER`` gives them.
     always_pass_options : bool
         Call every env's ``reset`` with both ``seed=`` and ``options=`` (``None`` when
         none were given), as Gymnasium's vector envs call it on ``reset()``; autoresets
@@ -196,6 +203,7 @@ class GroupSpec:
     autoreset: str = "SameStep"
     tls: bool = False
     build_timeout: float | None = None
+    vector: bool = False
     always_pass_options: bool = False
 
 
@@ -228,6 +236,12 @@ class GroupDesc:
         The busy-poll budget the channel applies.
     env_pid : int or None
         Id of the env process (``env_process=True``), else ``None``.
+    vector : str or None
+        For a group made of one vectorized env, what it is (its class and how it
+        resets finished envs); ``None`` for a group of single envs.
+    reseeds : bool
+        Whether ``reset`` applies the seeds it is given (EnvPool takes its seed once,
+        when it is made).
     """
 
     worker: str
@@ -242,6 +256,8 @@ class GroupDesc:
     profiler_hazard: bool = False
     busy_poll: float | None = None
     env_pid: int | None = None
+    vector: str | None = None
+    reseeds: bool = True
 
     @property
     def observation_space(self) -> Any:

@@ -88,6 +88,7 @@ def plan_rebalance(
     groups: Sequence[tuple[Sequence[int], str]],
     workers: Sequence[str],
     envs_per_actor: int | None = None,
+    whole_groups: bool = False,
 ) -> MovePlan:
     """Plan the moves that spread envs as evenly as possible over ``workers``.
 
@@ -106,6 +107,10 @@ def plan_rebalance(
         Workers that may hold envs.
     envs_per_actor : int, optional
         Maximum size of a created group; ``None`` makes one group per destination.
+    whole_groups : bool
+        Groups cannot be split or merged (each is one vectorized env): only whole groups
+        move, while a move narrows the gap between the fullest and the emptiest worker
+        (see :func:`_plan_whole`).
 
     Returns
     -------
@@ -115,6 +120,8 @@ def plan_rebalance(
     """
     if not workers or not groups:
         return MovePlan()
+    if whole_groups:
+        return _plan_whole(groups, workers)
     n_envs = sum(len(indices) for indices, _ in groups)
     load: dict[str, int] = dict.fromkeys(workers, 0)
     for indices, w in groups:
@@ -161,6 +168,41 @@ def plan_rebalance(
     if outgoing:  # cannot happen when targets add up; keep the envs rather than lose them
         raise RuntimeError(f"daskvec internal error: envs {outgoing} have no destination in a rebalance plan")
     plan.old.sort()
+    check_plan(groups, plan)
+    return plan
+
+
+def _plan_whole(groups: Sequence[tuple[Sequence[int], str]], workers: Sequence[str]) -> MovePlan:
+    """:func:`plan_rebalance` for groups that move whole: greedy, each group at most once.
+
+    Groups on workers absent from ``workers`` go to the emptiest eligible worker. Then,
+    as long as moving a group from the fullest worker to the emptiest one leaves the
+    emptiest below what the fullest held, the smallest such group moves.
+    """
+    load: dict[str, int] = dict.fromkeys(workers, 0)
+    for indices, w in groups:
+        if w in load:
+            load[w] += len(indices)
+    plan = MovePlan()
+    dest: dict[int, str] = {}
+    for pos in sorted(range(len(groups)), key=lambda p: -len(groups[p][0])):
+        indices, w = groups[pos]
+        if w not in load:
+            dest[pos] = min(workers, key=lambda x: (load[x], workers.index(x)))
+            load[dest[pos]] += len(indices)
+    while True:
+        full = max(workers, key=lambda x: (load[x], -workers.index(x)))
+        empty = min(workers, key=lambda x: (load[x], workers.index(x)))
+        movable = [p for p, (ind, w) in enumerate(groups) if p not in dest and w == full
+                   and load[empty] + len(ind) < load[full]]  # fmt: skip
+        if not movable:
+            break
+        pos = min(movable, key=lambda p: len(groups[p][0]))
+        dest[pos] = empty
+        load[full] -= len(groups[pos][0])
+        load[empty] += len(groups[pos][0])
+    plan.old = sorted(dest)
+    plan.layout = [(sorted(groups[p][0]), dest[p]) for p in plan.old]
     check_plan(groups, plan)
     return plan
 
@@ -477,7 +519,10 @@ class Recovery:
         """
         groups = list(self.pool.groups)
         plan = plan_rebalance(
-            [(g.env_indices, g.worker) for g in groups], self.directory.receivers(workers), self.options.envs_per_actor
+            [(g.env_indices, g.worker) for g in groups],
+            self.directory.receivers(workers),
+            self.options.envs_per_actor,
+            whole_groups=self.pool.vector,
         )
         self._moves = ([groups[p] for p in plan.old], plan.layout) if plan else None
         return plan.moved_envs

@@ -225,7 +225,82 @@ class DaskVecEnv(EngineViews, VecEnv):
         # every keyword named like an option (None: from Dask's config, see daskvec.config)
         options = Options.create(**{k: v for k, v in locals().items() if k in Options.names()})
         ignore_subproc_keywords(start_method=start_method)
-        engine = self._engine = Engine(env_fns, client, options, cluster_kwargs)
+        self._attach(Engine(env_fns, client, options, cluster_kwargs))
+
+    @classmethod
+    def from_vector_envs(
+        cls,
+        vector_env_fns: Sequence[Callable[[], Any]],
+        client: Any = None,
+        *,
+        cluster_kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> DaskVecEnv:
+        """A DaskVecEnv whose groups are vectorized envs: one per factory, stepped with one call.
+
+        Each factory returns a vectorized env (a Gymnasium ``VectorEnv`` such as
+        ``SyncVectorEnv``, or an EnvPool made with ``envpool.make_gymnasium``), built on a
+        worker, where it becomes one env group: a step sends it its rows of the actions
+        and it steps all its envs in one call. Its envs are this vec env's envs, factory
+        0's first. SB3's semantics are kept: finished envs are reset in the same step,
+        with ``terminal_observation`` and ``TimeLimit.truncated`` in their infos.
+
+        The vector env must be able to reset finished envs in the same step: a Gymnasium
+        vector env made with ``autoreset_mode=AutoresetMode.SAME_STEP`` or ``DISABLED``
+        (the group resets the finished envs with a mask), or an EnvPool (the group
+        resets their ids; EnvPool takes its seed when it is made and ignores
+        ``seed()``, with a warning). ``get_attr``/``env_method``/``set_attr``/
+        ``env_is_wrapped``/``get_images`` reach each env when the vector env holds them
+        (``SyncVectorEnv.envs``); otherwise attribute reads give the vector env's own
+        attribute (or its ``get_attr`` value) and the rest raise a clear error.
+
+        A lost worker's vector env is rebuilt elsewhere, whole; with
+        ``on_env_error="restart"`` a vector env that raises is rebuilt, and all its envs
+        report a truncation. Rebalancing moves whole vector envs.
+
+        Parameters
+        ----------
+        vector_env_fns : list of callable
+            Zero-argument callables that each create one vectorized env (called on the workers).
+        client : distributed.Client, str, Cluster or None, optional
+            Where the envs run, as for the constructor.
+        cluster_kwargs : dict, optional
+            Extra arguments for the embedded ``LocalCluster``.
+        **options
+            The constructor's options (``envs_per_actor`` is ignored: each vector env is a group).
+
+        Returns
+        -------
+        DaskVecEnv
+
+        Raises
+        ------
+        TypeError
+            A factory returned something that is not a vectorized env, or an unknown option.
+        ValueError
+            A vector env that cannot reset finished envs in the same step (the message
+            says how to make one), EnvPool in asynchronous mode, envs whose spaces differ.
+
+        Examples
+        --------
+        >>> import gymnasium as gym
+        >>> from gymnasium.vector import AutoresetMode
+        >>> def make():
+        ...     return gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync",
+        ...                         vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+        >>> env = DaskVecEnv.from_vector_envs([make, make])  # doctest: +SKIP
+        >>> env.num_envs  # doctest: +SKIP
+        16
+        """
+        self = cls.__new__(cls)
+        self._state = State.CLOSED  # until construction succeeds
+        checked = Options.create(**options)
+        self._attach(Engine(vector_env_fns, client, checked, cluster_kwargs, vector=True))
+        return self
+
+    def _attach(self, engine: Engine) -> None:
+        """Take ``engine`` (built) as this face's: buffers, state, SB3's base class."""
+        self._engine = engine
         self.env_fns, self.client, self.options = engine.env_fns, engine.client, engine.options
         self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
         self._masks = ActionMaskCache(engine.n_envs)

@@ -244,7 +244,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         ignore_async_keywords(
             shared_memory=shared_memory, context=context, daemon=daemon, worker=worker, max_concurrency=max_concurrency
         )
-        self._engine = engine = Engine(
+        engine = Engine(
             env_fns,
             client,
             checked,
@@ -253,6 +253,83 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             always_pass_options=True,  # Gymnasium's reset(seed=..., options=...), options or not
             check_spaces=layout,
         )
+        self._attach(engine, mode, layout, observation_mode, copy)
+
+    @classmethod
+    def from_vector_envs(
+        cls,
+        vector_env_fns: Sequence[Callable[[], Any]],
+        client: Any = None,
+        *,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        batch_size: int | None = None,
+        cluster_kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> DaskVectorEnv:
+        """A DaskVectorEnv whose groups are vectorized envs: one per factory, stepped with one call.
+
+        As :meth:`daskvec.DaskVecEnv.from_vector_envs`, with Gymnasium's API: each factory
+        returns a Gymnasium ``VectorEnv`` or an EnvPool, built on a worker as one group.
+        Each vector env must reset finished envs as ``autoreset_mode`` says: with the
+        same mode (``NEXT_STEP``: Gymnasium's default and EnvPool's), or, for
+        ``SAME_STEP``, with ``DISABLED`` (the group resets them by mask) or as an EnvPool.
+        A partial batch (``batch_size``, :meth:`send`/:meth:`recv`) is made of whole
+        vector envs.
+
+        Parameters
+        ----------
+        vector_env_fns : list of callable
+            Zero-argument callables that each create one vectorized env (called on the workers).
+        client : distributed.Client, str, Cluster or None, optional
+            Where the envs run.
+        autoreset_mode, batch_size, cluster_kwargs, **options
+            As for the constructor (``envs_per_actor`` is ignored).
+
+        Returns
+        -------
+        DaskVectorEnv
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :meth:`daskvec.DaskVecEnv.from_vector_envs`, and a ``batch_size``
+            larger than the number of envs.
+        """
+        self = cls.__new__(cls)
+        self._state = _State.CLOSED  # until construction succeeds; makes close()/__del__ safe
+        self.closed = True
+        mode = _autoreset_mode(autoreset_mode)
+        checked = Options.create(**options)
+        layout = _ObservationMode("same")
+        engine = Engine(
+            vector_env_fns,
+            client,
+            checked,
+            cluster_kwargs,
+            autoreset=mode.value,
+            always_pass_options=True,
+            check_spaces=layout,
+            vector=True,
+        )
+        try:
+            self.batch_size = _batch_size(batch_size, engine.n_envs)
+        except ValueError:
+            engine.close()
+            raise
+        self._attach(engine, mode, layout, "same", True)
+        return self
+
+    def _attach(
+        self,
+        engine: Engine,
+        mode: AutoresetMode,
+        layout: _ObservationMode,
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]],
+        copy: bool,
+    ) -> None:
+        """Take ``engine`` (built) as this face's: spaces, buffers, state, the envs' metadata."""
+        self._engine = engine
+        n_envs = engine.n_envs
         self.client, self.options = engine.client, engine.options
         self.num_envs = n_envs
         self.autoreset_mode = mode

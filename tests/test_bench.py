@@ -224,6 +224,135 @@ def test_cli_run_embedded_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (out / "latest.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["atari", "mujoco"])
+def test_workload_scenarios_structure(cluster2: Any, tmp_path: Path, scenario: str) -> None:
+    """Each real workload, briefly, on every kind: the Python ideal is cores x DummyVecEnv of the same run."""
+    from daskvec.bench.scenarios import missing_packages
+
+    if missing_packages(scenario):
+        pytest.skip(f"{scenario} needs {missing_packages(scenario)} (pip install 'daskvec[workloads]')")
+    results = bench.run_benchmark(
+        scenarios=[scenario],
+        n_envs=[2],
+        steps=3,
+        warmup=0.0,
+        subproc_start_method="fork",
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+        out_dir=tmp_path,
+        plot=False,
+    )
+    (case,) = results["cases"]
+    assert case["case"] == f"{scenario}-2" and case["n_envs"] == 2
+    res = case["results"]
+    assert list(res)[:4] == ["dummy", "subproc", "async", "dask"]
+    for kind in ("dummy", "subproc", "async", "dask"):
+        assert "error" not in res[kind], (kind, res[kind].get("error"))
+        assert res[kind]["vec_steps"] == 3 and res[kind]["steps_per_s"] > 0
+        assert res[kind]["leftover_processes"] == 0
+        assert math.isclose(res[kind]["fraction_of_ideal"], res[kind]["steps_per_s"] / case["ideal_steps_per_s"])
+    assert case["ideal_steps_per_s"] == pytest.approx(case["cores"] * res["dummy"]["steps_per_s"])
+    # the SB3 vec envs stepped the same envs with the same actions (VecFrameStack around each for Atari);
+    # rewards to float32's precision, since DummyVecEnv keeps them as float32 and SubprocVecEnv as float64
+    sb3 = [res[k] for k in ("dummy", "subproc", "dask")]
+    assert len({(r["dones"], r["obs_checksum"]) for r in sb3}) == 1
+    assert all(math.isclose(r["reward_sum"], sb3[0]["reward_sum"], rel_tol=1e-6, abs_tol=1e-6) for r in sb3)
+    if missing_packages("envpool"):
+        assert all("envpool is not installed" in res[k]["skipped"] for k in ("envpool", "dask-envpool"))
+    else:
+        for kind in ("envpool", "dask-envpool"):
+            assert "error" not in res[kind], (kind, res[kind].get("error"))
+        assert res["dask-envpool"]["of_envpool"] == pytest.approx(
+            res["dask-envpool"]["steps_per_s"] / res["envpool"]["steps_per_s"]
+        )
+        assert res["dask-envpool"]["groups"] >= 1
+    table = bench.format_table(results)
+    assert "of ideal" in table and "x DummyVecEnv" in table
+
+
+def test_workload_without_its_packages_is_skipped_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daskvec.bench import driver
+
+    monkeypatch.setattr(driver, "missing_packages", lambda what: ["ale_py"] if what == "atari" else [])
+    results = bench.run_benchmark(scenarios=["atari"], vec_envs=["dummy"], steps=1, out_dir=tmp_path)
+    (case,) = results["cases"]
+    assert case["skipped"] == "needs ale_py: pip install 'daskvec[workloads]'" and case["results"] == {}
+    assert "atari        skipped: needs ale_py" in bench.format_table(results)
+    assert "png" not in results["files"]  # nothing was measured, so nothing is drawn
+
+
+def test_all_leaves_the_workloads_out() -> None:
+    from daskvec.bench.driver import _check_selection
+
+    chosen, _ = _check_selection(["all"], ["dummy"], "auto", 1.0, None, 0.0, 1, None)
+    assert "atari" not in chosen and "light" in chosen
+    chosen, _ = _check_selection(["workloads"], ["dummy"], "auto", 1.0, None, 0.0, 1, None)
+    assert chosen == ["atari", "mujoco", "contention"]
+
+
+@pytest.mark.timeout(300)
+def test_contention_structure(cluster2: Any, tmp_path: Path) -> None:
+    """PPO beside busy-loop processes: wall times and ratios for the SB3 vec envs, the busy processes gone after."""
+    import psutil
+
+    from daskvec.bench.measure import busy_processes
+
+    with busy_processes(2) as pids:
+        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    results = bench.run_benchmark(
+        scenarios=["contention"],
+        vec_envs=["dummy", "subproc", "async", "dask"],
+        n_envs=[2],
+        contention_timesteps=64,
+        eval_episodes=1,
+        subproc_start_method="fork",
+        scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
+        out_dir=tmp_path,
+        plot=False,
+    )
+    (case,) = results["cases"]
+    assert case["case"] == "contention-2" and case["timesteps"] == 64 and "busy-loop" in case["env"]
+    assert "skipped" in case["results"]["async"]
+    for kind in ("dummy", "subproc", "dask"):
+        res = case["results"][kind]
+        assert "error" not in res, (kind, res.get("error"))
+        assert res["timesteps"] >= 64 and res["wall_s"] > 0
+        assert res["ratio_wall"] == pytest.approx(res["wall_s"] / case["results"]["subproc"]["wall_s"])
+        assert res["leftover_processes"] == 0
+    assert "contention-2" in bench.format_table(results)
+
+
+@pytest.mark.timeout(300)
+def test_ceiling_splits_the_step_time(tmp_path: Path) -> None:
+    """``--scenario ceiling``: the ideal from DummyVecEnv, each variant's time split and CPU per vec-step."""
+    from benchmarks.ceiling import format_ceiling_table, run_ceiling
+    from daskvec.bench.scenarios import missing_packages
+
+    if missing_packages("mujoco"):
+        pytest.skip("needs mujoco (pip install 'daskvec[workloads]')")
+    res = run_ceiling("mujoco", 2, seconds=0.5, warmup=0.0, rounds=1)
+    assert res["case"] == "mujoco-2" and len(res["dummy_steps_per_s"]) == 1
+    assert res["ideal_steps_per_s"] == pytest.approx(res["cores"] * res["dummy_steps_per_s"][0])
+    assert res["parallel_ceiling_steps_per_s"] == res["parallel_steps_per_s"][0] > 0
+    for name, entry in res["variants"].items():
+        (run,) = entry["runs"]
+        assert "error" not in run, (name, run.get("error"))
+        assert entry["fraction_of_ideal"] == pytest.approx(entry["steps_per_s"] / res["ideal_steps_per_s"])
+        parallel = res["parallel_ceiling_steps_per_s"]
+        assert entry["fraction_of_parallel"] == pytest.approx(entry["steps_per_s"] / parallel)
+        assert len(entry["worker_cpu_ms"]) == run["workers"] >= 1
+        assert entry["client_cpu_ms"] > 0 and entry["env_ms"] > 0
+        # the three parts are the vec env's own split of each vec-step's wall time
+        parts = entry["client_ms"] + entry["transit_ms"] + entry["env_ms"]
+        assert parts == pytest.approx(entry["vec_step_ms"], rel=0.25)
+    assert "busy_poll=0" in format_ceiling_table(res)
+    with pytest.raises(ValueError, match="unknown variant"):
+        run_ceiling("mujoco", 2, variants=["fastest"])
+
+
 GROUPS_KEYS = {
     "groups", "workers", "transport", "vec_steps", "wall_s_per_vec_step", "cpu_s_per_vec_step", "wall_s_per_group",
     "cpu_s_per_group", "steps_per_s", "wall_s_per_vec_step_runs", "cpu_s_per_vec_step_runs",
@@ -255,6 +384,44 @@ def test_groups_scenario_structure(cluster2: Any, tmp_path: Path) -> None:
     table = bench.format_table(results)
     assert table.count("us/group") == 4 and "groups-3" in table and "2 groups on" in table
     assert bench.run_benchmark(scenarios=["groups"], vec_envs=["dummy"], n_envs=[2], steps=1)["cases"] == []
+
+
+def test_the_benchmarks_of_the_source_repository_are_found_beside_the_package() -> None:
+    """A checkout (this one, an editable install): ``benchmarks/`` beside ``daskvec/``, its modules from there."""
+    from daskvec.bench import source
+
+    root = Path(__file__).resolve().parent.parent
+    assert source.benchmarks_dir() == root / "benchmarks"
+    assert Path(str(source.module("hosts").__file__)) == root / "benchmarks" / "across.py"
+    assert Path(str(source.module("--tls", "command").__file__)) == root / "benchmarks" / "command.py"
+
+
+def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without ``benchmarks/`` beside the package: named, a message saying where it is (exit 2); in "all", skipped."""
+    from daskvec.bench import driver, source
+
+    monkeypatch.setattr(source, "benchmarks_dir", lambda: None)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    asked = {("--scenario", "hosts"): "across", ("--scenario", "learning-offpolicy"): "offpolicy_learning",
+             ("--scenario", "groups"): "groups", ("--tls",): "tls",
+             ("--scenario", "none", "--dashboard"): "dashboard_load"}  # fmt: skip
+    for argv, where in asked.items():
+        assert bench.run(parser.parse_args([*argv, "--out", str(tmp_path)])) == 2, argv
+        err = capsys.readouterr().err
+        assert f"source repository (benchmarks/{where}.py)" in err and 'pip install -e ".[test]"' in err, err
+    with pytest.raises(source.InSourceOnly, match="gym-faces"):
+        bench.run_benchmark(scenarios=["light", "gym-faces"])
+    chosen, _ = driver._check_selection(["all"], ["dask"], "auto", 1.0, None, 0.0, 1, None)
+    assert {"gym-faces", "straggler", "groups"} <= set(chosen)  # "all" does not fail: they are skipped
+    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options(), 1)
+    assert case["results"] == {} and "source repository" in case["skipped"]
+    assert "straggler    skipped: a benchmark of the source repository" in bench.format_table(
+        {"cases": [case], "machine": {"cpu": "x", "cores_usable": 1, "memory_gb": 1, "python": "3"}}
+    )
+    assert not list(tmp_path.iterdir())  # nothing ran
 
 
 def test_invalid_options() -> None:
@@ -321,7 +488,7 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- across hosts (issue 13)
 def test_across_hosts_goals_and_table() -> None:
     """The goals read the ratios to the 0 ms row; the table shows every round trip."""
-    from daskvec.bench.across import _ratios, format_across_table
+    from benchmarks.across import _ratios, format_across_table
 
     def row(rtt: float, rollouts: float, ppo: float, daskppo: float) -> dict[str, Any]:
         return {"rtt_ms": rtt, "sync_steps_per_s": 1000.0 / (1 + rtt), "sync_collect_steps_per_s": 500.0,

@@ -13,7 +13,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["BusyEnv", "ImageEnv", "action_cycle", "burn_cpu"]
+__all__ = [
+    "BusyEnv",
+    "ImageEnv",
+    "action_cycle",
+    "burn_cpu",
+    "busy_loop",
+    "make_atari",
+    "make_envpool",
+    "make_mujoco",
+]
 
 
 def _spin(iterations: int) -> int:
@@ -148,3 +157,42 @@ def action_cycle(space: gym.Space[Any], n_envs: int, length: int, seed: int) -> 
         return rng.uniform(low, high, size=(length, n_envs, *space.shape)).astype(space.dtype)
     space.seed(seed)
     return np.stack([np.stack([space.sample() for _ in range(n_envs)]) for _ in range(length)])
+
+
+# --------------------------------------------------------------------------- real workloads
+# Factories of the ``atari`` and ``mujoco`` scenarios, module functions so that workers and
+# subprocesses unpickle them by reference. Their packages are imported when an env is
+# made: this module stays importable without them.
+def make_atari(env_id: str = "PongNoFrameskip-v4", frame_stack: int = 0) -> gym.Env[Any, Any]:
+    """An Atari env as SB3's ``make_atari_env`` makes it: ``AtariWrapper`` (84x84 grey, frame skip 4).
+
+    ``frame_stack > 0`` also stacks that many frames on the env itself (Gymnasium's
+    ``FrameStackObservation``), for vec envs without SB3's ``VecFrameStack``.
+    """
+    import ale_py
+    from stable_baselines3.common.atari_wrappers import AtariWrapper
+
+    gym.register_envs(ale_py)
+    env: gym.Env[Any, Any] = AtariWrapper(gym.make(env_id))
+    if frame_stack:
+        env = gym.wrappers.FrameStackObservation(env, frame_stack)
+    return env
+
+
+def make_mujoco(env_id: str = "HalfCheetah-v5") -> gym.Env[Any, Any]:
+    """A MuJoCo env from ``gymnasium[mujoco]``."""
+    return gym.make(env_id)
+
+
+def make_envpool(task: str, num_envs: int, seed: int, num_threads: int = 0) -> Any:
+    """An EnvPool vector env with Gymnasium's API (``envpool.make_gymnasium``)."""
+    import envpool
+
+    return envpool.make_gymnasium(task, num_envs=num_envs, seed=seed, num_threads=num_threads)
+
+
+def busy_loop() -> None:
+    """Spin forever: a process competing for a core (the ``contention`` scenario)."""
+    x = 0
+    while True:
+        x = (x + 1) & 0xFFFF

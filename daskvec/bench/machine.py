@@ -27,6 +27,9 @@ _PACKAGES = (
     "bokeh",
     "psutil",
     "matplotlib",
+    "ale-py",
+    "mujoco",
+    "envpool",
 )
 
 
@@ -43,6 +46,18 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _autogroup() -> bool | None:
+    """Whether Linux shares the CPU between sessions first (``sched_autogroup``), ``None`` if unknown.
+
+    With it, every process of one terminal session (a benchmark and all the workers and
+    subprocesses it starts) shares one session's part of a busy machine: a vec env of
+    many processes then gets no more CPU than a single process would.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    return None
 
 
 def _git_commit() -> str | None:
@@ -64,7 +79,8 @@ def machine_info() -> dict[str, Any]:
     -------
     dict
         CPU model, logical/physical/usable cores, memory, OS, Python, load average,
-        package versions and the daskvec git commit (when run from a checkout).
+        whether the kernel shares the CPU per session (``autogroup``), package
+        versions and the daskvec git commit (when run from a checkout).
     """
     import psutil
 
@@ -84,6 +100,7 @@ def machine_info() -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "load_average": load,
+        "autogroup": _autogroup(),
         "packages": versions,
         "daskvec_commit": _git_commit(),
     }

@@ -5,40 +5,50 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import multiprocessing
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from daskvec.bench.envs import busy_loop
 from daskvec.bench.memory import _MemoryProbe
 from daskvec.bench.scenarios import LABELS, Case, Options, _make_vec
 
 logger = logging.getLogger(__name__)
 
 
+#: Kinds stepped through Gymnasium's vector API (the others are SB3 VecEnvs).
+_GYM_API = ("async", "envpool")
+
+
 class _Stepper:
-    """Reset/step/close one vec env; Gymnasium's AsyncVectorEnv through its own API."""
+    """Reset/step/close one vec env; Gymnasium's AsyncVectorEnv and EnvPool through their own API."""
 
     def __init__(self, kind: str, env: Any, seed: int) -> None:
         self.kind = kind
         self.env = env
+        #: the DaskVecEnv under SB3's VecEnv wrappers (VecFrameStack), for its figures
+        self.inner = getattr(env, "unwrapped", env) if kind in ("dask", "dask-envpool") else env
         self.seed = seed
         self.last_obs: Any = None
         self.reward_sum = 0.0
         self.dones = 0
 
     def reset(self) -> None:
-        if self.kind == "async":
+        if self.kind == "envpool":  # seeded when made; reset(seed=...) would only warn
+            self.last_obs, _ = self.env.reset()
+        elif self.kind == "async":
             self.last_obs, _ = self.env.reset(seed=self.seed)
         else:
             self.env.seed(self.seed)
             self.last_obs = self.env.reset()
 
     def step(self, actions: np.ndarray) -> None:
-        if self.kind == "async":
+        if self.kind in _GYM_API:
             obs, rew, term, trunc, _ = self.env.step(actions)
             done = np.logical_or(term, trunc)
         else:
@@ -51,9 +61,9 @@ class _Stepper:
         self.env.close()
 
     def describe(self) -> dict[str, Any]:
-        if self.kind != "dask":
+        if self.kind not in ("dask", "dask-envpool"):
             return {}
-        env = self.env
+        env = self.inner
         return {
             "transport": env.transport_summary(),
             "workers": len({g["worker"] for g in env.groups}),
@@ -96,7 +106,7 @@ def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: Options) -> 
     probe = _MemoryProbe()
     fns = [case.make for _ in range(case.n_envs)]
     t0 = time.perf_counter()
-    stepper = _Stepper(kind, _make_vec(kind, fns, opts), opts.seed)
+    stepper = _Stepper(kind, _make_vec(kind, fns, opts, case), opts.seed)
     closed = False
     try:
         t1 = time.perf_counter()
@@ -108,7 +118,7 @@ def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: Options) -> 
         n_warm, _ = _run_window(stepper, actions, 1, opts.warmup, warm_steps)
         stepper.reward_sum, stepper.dones = 0.0, 0
         n, elapsed = _run_window(stepper, actions, 1 + n_warm, opts.seconds, opts.steps)
-        memory = probe.measure(kind, stepper.env, case.n_envs)
+        memory = probe.measure(kind, stepper.inner, case.n_envs)
         info = stepper.describe()
         t4 = time.perf_counter()
         stepper.close()
@@ -219,3 +229,27 @@ def _measure_training_case(kind: str, n_envs: int, opts: Options) -> dict[str, A
     out["wall_runs"] = [r["wall_s"] for r in runs]
     out["mean_reward_runs"] = [r["mean_reward"] for r in runs]
     return out
+
+
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[list[int]]:
+    """``n`` processes spinning on the CPU while the block runs (the ``contention`` scenario); their pids.
+
+    Started with ``spawn`` so that they hold nothing of this process, and ended (SIGTERM,
+    then SIGKILL) when the block ends, however it ends.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=busy_loop, name="daskvec-bench-busy", daemon=True) for _ in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        yield [int(p.pid) for p in procs if p.pid]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)

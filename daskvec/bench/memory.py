@@ -99,7 +99,7 @@ class _MemoryProbe:
         procs: list[dict[str, Any]] = []
         seen: set[int] = set()
         local_host = platform.node()
-        if kind == "dask":
+        if kind in ("dask", "dask-envpool"):
             workers = sorted({g["worker"] for g in env.groups})
             try:
                 remote = env.client.run(process_memory, workers=workers)

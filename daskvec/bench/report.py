@@ -12,14 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from daskvec.bench.groups import GROUPS_SCENARIO, format_groups_case
-from daskvec.bench.gym_faces import GYM_SCENARIOS, format_gym_case
+from daskvec.bench import source
 from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
 
 __all__ = ["format_table", "plot_results", "write_results"]
 
-#: Scenarios shown in the table only: they have no SubprocVecEnv baseline to chart ratios to.
-_TABLE_ONLY = (*GYM_SCENARIOS, GROUPS_SCENARIO)
+#: Scenarios that time PPO runs (wall time), not stepping windows.
+_PPO_SCENARIOS = ("training", "contention")
+#: Scenarios shown in the table only (those of benchmarks/): they have no SubprocVecEnv baseline to chart ratios to.
+_TABLE_ONLY = tuple(source.IN_SOURCE)
 
 
 def _add_ratios(case: dict[str, Any]) -> None:
@@ -30,7 +31,7 @@ def _add_ratios(case: dict[str, Any]) -> None:
     for res in results.values():
         if "error" in res or "skipped" in res:
             continue
-        if case["scenario"] == "training":
+        if case["scenario"] in _PPO_SCENARIOS:
             ok = "wall_s" in base
             res["ratio_wall"] = res["wall_s"] / base["wall_s"] if ok else None
             res["ratio_steps_per_s"] = base["wall_s"] / res["wall_s"] if ok else None
@@ -64,7 +65,7 @@ def write_results(
     out.mkdir(parents=True, exist_ok=True)
     stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     files: dict[str, str] = {"json": str(out / f"bench-{stamp}.json")}
-    if plot and any(c["scenario"] not in _TABLE_ONLY for c in results["cases"]):
+    if plot and any(c["scenario"] not in _TABLE_ONLY and not c.get("skipped") for c in results["cases"]):
         files["png"] = str(out / f"bench-{stamp}.png")
         plot_results(results, files["png"])
         shutil.copyfile(files["png"], out / "latest.png")
@@ -97,11 +98,11 @@ def format_table(results: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for case in results["cases"]:
-        if case["scenario"] in GYM_SCENARIOS:
-            lines.extend(format_gym_case(case))
+        if case.get("skipped"):
+            lines.append(f"{case['case']:<12} skipped: {case['skipped']}")
             continue
-        if case["scenario"] == GROUPS_SCENARIO:
-            lines.extend(format_groups_case(case))
+        if case["scenario"] in _TABLE_ONLY:
+            lines.extend(source.format_case(case))
             continue
         lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
     dash = results.get("dashboard")
@@ -117,7 +118,7 @@ def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
     if "error" in res or "skipped" in res:
         return f"{case['case']:<12} {label:<15} {res.get('error') or res.get('skipped')}"
     notes = []
-    if case["scenario"] == "training":
+    if case["scenario"] in _PPO_SCENARIOS:
         first = f"{_fmt(res['wall_s'], '.1f')} wall"
         notes.append(f"reward {res['mean_reward']:.1f}+-{res['std_reward']:.1f}")
         ratio_first = res.get("ratio_wall")
@@ -125,7 +126,12 @@ def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
         first = _fmt(res["ttfs_s"], ".2f")
         ratio_first = res.get("ratio_ttfs")
         if res.get("fraction_of_ideal") is not None:
-            notes.append(f"{res['fraction_of_ideal']:.2f} of ideal {case['ideal_steps_per_s']:.0f}")
+            notes.append(
+                f"{res['fraction_of_ideal']:.2f} of ideal {case['ideal_steps_per_s']:.0f}"
+                + (f" ({case['ideal']})" if kind == "dummy" and case.get("ideal") else "")
+            )
+        if res.get("of_envpool") is not None:
+            notes.append(f"{res['of_envpool']:.2f} of EnvPool alone")
     if res.get("transport"):
         notes.append(res["transport"])
     if res.get("leftover_processes"):
@@ -167,9 +173,14 @@ def _machine_lines(results: dict[str, Any]) -> list[str]:
             f"WARNING: the machine was busy before the run (1-min load average {start:.1f}, "
             f"{m.get('cores_usable')} cores): other processes competed for the CPU, figures and ratios are unreliable"
         )
+        if m.get("autogroup"):
+            lines.append(
+                "  the kernel shares a busy CPU per session (sched_autogroup): every process of this run "
+                "together gets one session's part, so vec envs of many processes lose most to the load"
+            )
     lines.append(f"load average at the end {end:.1f} (counts the benchmark's own processes, still exiting)")
     lines.append(
-        "training rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time of the run;"
+        "training/contention rows: 'env-steps/s' is timesteps / wall time, 'first step s' is the wall time of the run;"
         " 'x Subproc' above 1 is faster for env-steps/s, below 1 is faster for times."
     )
     return lines
@@ -182,9 +193,10 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    cases = [c for c in results["cases"] if c["scenario"] not in _TABLE_ONLY]
+    cases = [c for c in results["cases"] if c["scenario"] not in _TABLE_ONLY and not c.get("skipped")]
     kinds = [k for k in VEC_ENVS if any(k in c["results"] for c in cases)]
-    colors = {"dummy": "#8c8c8c", "subproc": "#4c72b0", "async": "#dd8452", "dask": "#55a868"}
+    colors = {"dummy": "#8c8c8c", "subproc": "#4c72b0", "async": "#dd8452", "dask": "#55a868",
+              "envpool": "#8172b3", "dask-envpool": "#64b5cd"}  # fmt: skip
     panels = (
         ("ratio_steps_per_s", "Speed vs SubprocVecEnv (higher is better)\nenv-steps/s; training: 1 / wall time"),
         ("ratio_ttfs", "Time to first step vs SubprocVecEnv (lower is better)\nconstruction + reset + first step"),
@@ -201,15 +213,8 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
             ax.bar(pos, heights, width, label=LABELS[kind], color=colors[kind])
             for p, h in zip(pos, heights, strict=True):
                 if np.isfinite(h):
-                    ax.annotate(
-                        f"{h:.2g}",
-                        (p, h),
-                        ha="center",
-                        va="bottom",
-                        fontsize=7,
-                        xytext=(0, 2),
-                        textcoords="offset points",
-                    )
+                    ax.annotate(f"{h:.2g}", (p, h), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                                textcoords="offset points")  # fmt: skip
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.set_xticks(x, [c["case"] for c in cases], rotation=20)

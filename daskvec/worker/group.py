@@ -15,6 +15,7 @@ columns (:class:`daskvec.protocol.StepReply`); the client builds the info dicts 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -61,6 +62,7 @@ from daskvec.worker.envs import (
 from daskvec.worker.offpolicy import run_off_policy
 from daskvec.worker.reaper import Release
 from daskvec.worker.rollout import run_rollout
+from daskvec.worker.vector import VectorEnvs
 
 logger = logging.getLogger(__name__)
 #: An env that fails at every step is restarted at every step: one warning per restart
@@ -136,19 +138,30 @@ class EnvGroup:
         self.env_indices = list(spec.env_indices)
         self.on_env_error = spec.on_env_error
         self.max_restarts = spec.max_restarts
-        self.restarts = list(spec.error_restarts or [0] * len(self.env_indices))
-        self.rebuilds = list(spec.rebuilds) if spec.rebuilds is not None else list(self.restarts)
         self._lock = threading.Lock()
         self._closed = False
-        self._factories: list[Callable[[], gym.Env[Any, Any]]] = cloudpickle.loads(factories)
+        self._factories: list[Callable[[], Any]] = cloudpickle.loads(factories)
         ssl_context = None
         if token is not None and spec.tls:  # before the build: a missing certificate fails fast
             ssl_context = probes.listen_ssl_context(self._worker, security)
+        #: the group's one vectorized env (``spec.vector``), stepped with one call per request
+        self.vector: VectorEnvs | None = None
+        build = self._build_vector if spec.vector else self._build_all
         timeout = spec.build_timeout
-        self.envs = self._build_all() if timeout is None else self._build_in_thread(timeout)
+        built = build() if timeout is None else self._build_in_thread(timeout, build)
+        if isinstance(built, VectorEnvs):
+            self.vector = built
+            self.envs: list[Any] = built.slots()  # what the per-env commands reach
+            self.env_indices = self.env_indices or list(range(built.n))  # until Command.NUMBER
+        else:
+            self.envs = built
+        # what the group closes on release; a restart replaces its entries in place
+        self._owned: list[Any] = [self.vector] if self.vector is not None else self.envs
+        n = len(self.envs)
+        self.restarts = list(spec.error_restarts or [0] * n)
+        self.rebuilds = list(spec.rebuilds) if spec.rebuilds is not None else list(self.restarts)
         self._send_masks = bool(spec.send_masks)
         self._masks_on = self._detect_masks()
-        n = len(self.envs)
         self._returns = np.zeros(n, dtype=np.float64)
         self._last_obs: Any = None
         self._seeds: list[int | None] = list(spec.base_seeds) if spec.base_seeds is not None else [None] * n
@@ -174,7 +187,7 @@ class EnvGroup:
         # when the group is garbage collected. Without it the envs, the sockets and the
         # listening threads of such a group would stay on the worker for good.
         self._release = Release(
-            self, functools.partial(_release_group, self._server, self.envs, self.stats, self.worker_address)
+            self, functools.partial(_release_group, self._server, self._owned, self.stats, self.worker_address)
         )
         self._commands: dict[str, Callable[..., Any]] = {
             Command.STEP: self.step,
@@ -190,24 +203,27 @@ class EnvGroup:
             Command.CALL: self._call,
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
             Command.ROLLOUT: self.rollout,  # issue 13
+            Command.NUMBER: self._number,
             Command.OFF_POLICY: self.off_policy,
         }
         self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
 
     # ---------------------------------------------------------------- lifecycle
-    def _build_in_thread(self, timeout: float) -> list[gym.Env[Any, Any]]:
-        """:meth:`_build_all` on a thread of its own, abandoned after ``timeout`` seconds."""
+    def _build_in_thread(self, timeout: float, build_fn: Callable[[list[int]], Any]) -> Any:
+        """``build_fn`` (:meth:`_build_all` or :meth:`_build_vector`) on a thread of its own,
+        abandoned after ``timeout`` seconds."""
         progress = [0]
         done: dict[str, Any] = {}
         abandoned = threading.Event()
 
         def build() -> None:
             try:
-                done["envs"] = self._build_all(progress)
+                done["envs"] = build_fn(progress)
             except BaseException as e:
                 done["error"] = e
             if abandoned.is_set() and "envs" in done:  # too late: nobody will use them
-                _close_envs(done["envs"], self.worker_address)
+                envs = done["envs"]
+                _close_envs(envs if isinstance(envs, list) else [envs], self.worker_address)
 
         thread = threading.Thread(target=build, name="daskvec-build", daemon=True)
         thread.start()
@@ -215,6 +231,13 @@ class EnvGroup:
         if thread.is_alive():
             abandoned.set()
             pos = progress[0]
+            if build_fn == self._build_vector:
+                raise EnvBuildTimeoutError(
+                    f"the vector env factory ({factory_name(self._factories[0])}) did not return within "
+                    f"{timeout:g}s on worker {self.worker_address}; its thread was abandoned and the worker is "
+                    "free. Check what the factory waits for, or pass a larger timeout=",
+                    env_indices=list(self.env_indices),
+                )
             raise EnvBuildTimeoutError(
                 f"the factory of env {self.env_indices[pos]} ({factory_name(self._factories[pos])}) did not "
                 f"return within {timeout:g}s on worker {self.worker_address}; its thread was abandoned and "
@@ -223,7 +246,22 @@ class EnvGroup:
             )
         if "error" in done:
             raise done["error"]
-        return list(done["envs"])
+        return done["envs"]
+
+    def _build_vector(self, progress: list[int] | None = None) -> VectorEnvs:
+        """Build the group's one vectorized env from its factory."""
+        (fn,) = self._factories
+        try:
+            vec = fn()
+        except Exception as e:
+            e.add_note(f"daskvec: raised by the vector env factory of envs {self.env_indices} on {self.worker_address}")
+            raise
+        try:
+            return VectorEnvs(vec, self.autoreset)
+        except Exception:
+            with contextlib.suppress(Exception):
+                vec.close()
+            raise
 
     def _build_all(self, progress: list[int] | None = None) -> list[gym.Env[Any, Any]]:
         envs: list[gym.Env[Any, Any]] = []
@@ -262,12 +300,15 @@ class EnvGroup:
     def describe(self) -> GroupDesc:
         """Spaces, worker, process and channel address of this group."""
         server = self._server
+        vec = self.vector
         return GroupDesc(
             worker=self.worker_address,
             pid=os.getpid(),
             machine=machine_id(),
             observation_spaces=tuple(e.observation_space for e in self.envs),
             action_spaces=tuple(e.action_space for e in self.envs),
+            vector=None if vec is None else vec.describe(),
+            reseeds=vec is None or vec.reseeds,
             address=None if server is None else tuple(server.address),
             unix_path=None if server is None else server.unix_path,
             tls=server is not None and server.tls,
@@ -405,6 +446,8 @@ class EnvGroup:
 
     def step(self, actions: Any) -> StepReply:
         """Step every env with its action; an episode's end is handled as ``autoreset`` says."""
+        if self.vector is not None:
+            return self._step_vector(actions)
         n = len(self.envs)
         obs_list: list[Any] = [None] * n
         reply = StepReply(None, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
@@ -452,7 +495,13 @@ class EnvGroup:
 
     def _step_failed(self, pos: int, exc: Exception, reply: StepReply) -> Any:
         """An env raised in its step: rebuild it (or raise), and report a truncation."""
-        obs, reset_info, reply.restarted[pos] = self._recover(pos, exc)
+        return self._report_restart(pos, *self._recover(pos, exc), reply)
+
+    def _report_restart(
+        self, pos: int, obs: Any, reset_info: dict[str, Any], marker: dict[str, Any], reply: StepReply
+    ) -> Any:
+        """Write a truncation for the env at ``pos``, rebuilt in this step; return the observation it shows."""
+        reply.restarted[pos] = marker
         reply.rewards[pos], reply.terminated[pos], reply.truncated[pos] = 0.0, False, True
         reply.infos.pop(pos, None)
         last = None if self._last_obs is None else row(self._last_obs, pos)
@@ -510,6 +559,8 @@ class EnvGroup:
         """
         if mask is not None and self._last_obs is None:
             raise ValueError("a reset with a mask needs a full reset first; call reset() without reset_mask")
+        if self.vector is not None:
+            return self._reset_vector(seeds, options, user, mask)
         obs_list = []
         reply = ResetReply(None, [])
         for pos in range(len(self.envs)):
@@ -530,9 +581,150 @@ class EnvGroup:
         reply.masks = self._masks()
         return reply
 
+    # ---------------------------------------------------------------- one vectorized env
+    def _number(self, env_indices: Sequence[int]) -> None:
+        """Take the vec-env indices of this group's envs (a vector group learns them once built)."""
+        if len(env_indices) != len(self.envs):
+            raise ValueError(f"{len(env_indices)} indices for a group of {len(self.envs)} envs")
+        self.env_indices = [int(i) for i in env_indices]
+
+    def _step_vector(self, actions: Any) -> StepReply:
+        """:meth:`step` for a group made of one vectorized env: one call steps them all."""
+        vec = self.vector
+        assert vec is not None
+        n = vec.n
+        t0 = time.perf_counter()
+        if self._pending:  # NEXT_STEP after a rebuild: hand out the first observations, step nothing
+            reply = self._deliver_pending(n)
+        else:
+            try:
+                out = vec.step(actions)
+            except Exception as e:
+                reply = self._vector_failed(e)
+            else:
+                reply = StepReply(out.obs, out.rewards, out.terminated, out.truncated, out.final_obs, out.infos,
+                                  out.reset_infos)  # fmt: skip
+                self._count_returns(reply)
+        reply.masks = self._masks()
+        reply.env_seconds = time.perf_counter() - t0
+        self.stats.record_step(n, reply.env_seconds)
+        self._last_obs = reply.obs
+        return reply
+
+    def _count_returns(self, reply: StepReply) -> None:
+        self._returns += reply.rewards
+        done = reply.terminated | reply.truncated
+        for pos in np.flatnonzero(done):
+            self.stats.record_episode(self._returns[pos])
+            self._returns[pos] = 0.0
+
+    def _deliver_pending(self, n: int) -> StepReply:
+        """NEXT_STEP: the step after a vector group's rebuild returns its first observations (reward 0)."""
+        reply = StepReply(None, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+        rows = []
+        for pos in range(n):
+            ready = self._pending.pop(pos, None)
+            rows.append(row(self._last_obs, pos) if ready is None else ready[0])
+            if ready is not None and ready[1]:
+                reply.infos[pos] = ready[1]
+        reply.obs = self._stack(rows)
+        return reply
+
+    def _vector_failed(self, exc: Exception) -> StepReply:
+        """The vector env raised in its step: rebuild it (or raise); every env reports a truncation."""
+        n = len(self.envs)
+        obs, infos, markers = self._recover_vector(exc)
+        reply = StepReply(None, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+        rows = [self._report_restart(pos, row(obs, pos), infos[pos], markers[pos], reply) for pos in range(n)]
+        reply.obs = self._stack(rows)
+        return reply
+
+    def _recover_vector(self, exc: Exception) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+        """Handle the vector env's exception by the group's policy: raise it, or rebuild the vector env.
+
+        Returns the rebuilt envs' first observations, their reset infos and restart markers.
+        """
+        self.stats.errors += 1
+        if self.on_env_error != "restart":
+            raise self._fail_vector(exc) from exc
+        n = len(self.envs)
+        for pos in range(n):
+            self.restarts[pos] += 1
+            self.rebuilds[pos] += 1
+        self.stats.restarts += n
+        worst = int(np.argmax(self.restarts))
+        if self.restarts[worst] > self.max_restarts:
+            err = EnvRestartBudgetExceeded(
+                f"the vector env of envs {self.env_indices} crashed {self.restarts[worst]} times, more than "
+                f"max_restarts={self.max_restarts}; last error: {type(exc).__name__}: {exc}",
+                env_index=self.env_indices[worst],
+                restarts=self.restarts[worst],
+            )
+            err.__cause__ = exc
+            raise self._fail_vector(err)
+        _restart_log(
+            "restart", logging.WARNING, "the vector env of envs %s raised %s: %s; rebuilding it (restart %d)",
+            self.env_indices, type(exc).__name__, exc, self.restarts[worst],
+        )  # fmt: skip
+        with contextlib.suppress(Exception):
+            self._owned[0].close()
+        seeds = [restart_seed(i, self.rebuilds[pos], self._seeds[pos]) for pos, i in enumerate(self.env_indices)]
+        try:
+            vec = self._build_vector()
+            self.vector, self._owned[0], self.envs[:] = vec, vec, vec.slots()
+            obs, infos = vec.reset(seeds, [{}] * n)
+        except Exception as e:
+            raise self._fail_vector(e) from e
+        self._masks_on = self._detect_masks()
+        self._returns[:] = 0.0
+        markers = [
+            {
+                "restarted": True,
+                "reason": "env_error",
+                "error": f"{type(exc).__name__}: {exc}",
+                "restarts": self.rebuilds[pos],
+                "seed": seeds[pos],
+                "worker": self.worker_address,
+            }
+            for pos in range(n)
+        ]
+        return obs, infos, markers
+
+    def _fail_vector(self, exc: BaseException) -> EnvFailure:
+        exc.add_note(f"daskvec: raised by the vector env of envs {self.env_indices} on {self.worker_address}")
+        return EnvFailure(remote_error(exc, None, self.worker_address))
+
+    def _reset_vector(
+        self, seeds: list[int | None], options: list[dict[str, Any]], user: bool, mask: Sequence[bool] | None
+    ) -> ResetReply:
+        """:meth:`reset` for a group made of one vectorized env."""
+        vec = self.vector
+        assert vec is not None
+        chosen = range(vec.n) if mask is None else [pos for pos in range(vec.n) if mask[pos]]
+        for pos in chosen:
+            if user and seeds[pos] is not None:
+                self._seeds[pos] = seeds[pos]
+            self._pending.pop(pos, None)
+            self._returns[pos] = 0.0
+        vec.check_options(options, mask)  # a caller's mistake: raised as it is, never "recovered"
+        reply = ResetReply(None, [])
+        try:
+            reply.obs, reply.reset_infos = vec.reset(seeds, options, mask, self._last_obs)
+        except Exception as e:
+            reply.obs, reply.reset_infos, markers = self._recover_vector(e)
+            reply.restarted = dict(enumerate(markers))
+        if not user and self.autoreset is Autoreset.NEXT_STEP:
+            for pos in chosen:
+                self._pending[pos] = (row(reply.obs, pos), reply.reset_infos[pos])
+        self._last_obs = reply.obs
+        reply.masks = self._masks()
+        return reply
+
     # ---------------------------------------------------------------- action masks
     def _detect_masks(self) -> bool:
         """Whether the masks travel with the replies: asked for, and every env has the method."""
+        if self.vector is not None and self.vector.sub_envs is None:
+            return False  # asking a vector env for a method of each env would act on all of them
         return self._send_masks and all(has_method(env, MASK_METHOD) for env in self.envs)
 
     def _masks(self) -> np.ndarray | None:

@@ -124,7 +124,7 @@ class EnvHost:
             address=desc.address if token is not None else None,
             unix_path=desc.unix_path if token is not None else None,
         )
-        self.stats = metrics.GroupStats(len(self.env_indices))
+        self.stats = metrics.GroupStats(len(desc.observation_spaces))  # a vector group is numbered later
         metrics.install_worker_metrics(worker, self.stats)
         poller = threading.Thread(target=_poll_stats, args=(weakref.ref(self),), name="daskvec-env-stats", daemon=True)
         poller.start()

@@ -1,7 +1,7 @@
 """Across emulated hosts: synchronous stepping vs worker-side rollouts, with a round-trip sweep.
 
 ``daskvec bench --scenario hosts --rtt 0,2,10`` builds, for each round trip, worker
-hosts on this machine (:mod:`daskvec.bench.hosts`: network and UTS namespaces, a
+hosts on this machine (:mod:`benchmarks.hosts`: network and UTS namespaces, a
 bridge, a transparent delay relay adding the round trip on each host; needs root and
 iptables) and measures on the same ``DaskVecEnv`` (CartPole-v1, 64 envs on 2 hosts by
 default), side by side:
@@ -29,6 +29,7 @@ import json
 import logging
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -95,7 +96,7 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
     """Every figure at one round trip, on fresh emulated hosts."""
     from stable_baselines3 import PPO
 
-    from daskvec.bench.hosts import emulated_hosts
+    from benchmarks.hosts import emulated_hosts
     from daskvec.sb3 import DaskPPO
     from daskvec.vec_env import DaskVecEnv
 
@@ -179,7 +180,7 @@ def run_across_hosts(
     RuntimeError
         Emulated hosts cannot be built here (no root, ``ip`` or ``iptables``).
     """
-    from daskvec.bench.hosts import measure_relay_cost, missing_requirements
+    from benchmarks.hosts import measure_relay_cost, missing_requirements
 
     reason = missing_requirements()
     if reason:
@@ -197,8 +198,6 @@ def run_across_hosts(
         "rows": [],
         "complete": False,
     }
-    import tempfile
-
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with _terminate_as_exit(), tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
         for k, rtt in enumerate(rtts):
