@@ -36,9 +36,10 @@ from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
 from daskvec.pool import Group
-from daskvec.protocol import MASK_METHOD, Command, ExplorationPlan, ObsPipeline, ResetReply, StepReply
+from daskvec.protocol import MASK_METHOD, Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.rollout import PolicyShipment, Rollout, collect_rollout
+from daskvec.rollout_protocol import ExplorationPlan, ObsPipeline
 
 logger = logging.getLogger(__name__)
 
