@@ -38,11 +38,10 @@ from daskvec.protocol import (
     GroupDesc,
     GroupSpec,
     ResetReply,
-    RolloutReply,
-    RolloutRequest,
     StepReply,
     restart_seed,
 )
+from daskvec.rollout_protocol import RolloutReply, RolloutRequest
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.transport.server import LOG_INTERVAL
 from daskvec.transport.wire import RateLimitedLog
