@@ -35,9 +35,10 @@ from daskvec import cluster as _cluster
 from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.directory import WorkerDirectory
 from daskvec.errors import DaskVecEnvError, SchedulerLostError, WorkerLostError
+from daskvec.groups import Group, StepOutcome
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.options import Options, check_env_fns
-from daskvec.pool import Group, GroupPool, StepOutcome
+from daskvec.pool import GroupPool
 from daskvec.protocol import Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild, Recovery, RestartLedger
 

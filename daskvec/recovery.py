@@ -29,8 +29,9 @@ import numpy as np
 from daskvec import _dask
 from daskvec.directory import Layout, WorkerDirectory
 from daskvec.errors import StepTimeoutError, WorkerLostError
+from daskvec.groups import Group
 from daskvec.options import Options
-from daskvec.pool import Group, GroupPool
+from daskvec.pool import GroupPool
 from daskvec.protocol import Command, ResetReply, restart_seed, unwrap
 
 logger = logging.getLogger(__name__)

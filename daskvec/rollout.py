@@ -37,7 +37,7 @@ import numpy as np
 from daskvec.cluster import dumps_by_value
 from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
-from daskvec.pool import Group, StepOutcome
+from daskvec.groups import Group, StepOutcome
 from daskvec.protocol import Command, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.rollout_protocol import ExplorationPlan, ObsPipeline, RolloutReply, RolloutRequest

@@ -33,9 +33,9 @@ from daskvec.buffers import StepBuffers
 from daskvec.display import notebook_html
 from daskvec.engine import Engine, EngineViews
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError, NoAsyncCallError
+from daskvec.groups import Group
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
-from daskvec.pool import Group
 from daskvec.protocol import MASK_METHOD, Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.rollout import PolicyShipment, Rollout, collect_rollout

@@ -37,8 +37,9 @@ from gymnasium.vector.utils import batch_space
 from daskvec import vector_layout as layout
 from daskvec.engine import Engine, EngineViews
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
+from daskvec.groups import Group
 from daskvec.options import Options, check_env_fns, ignore_async_keywords
-from daskvec.pool import Group, GroupPool
+from daskvec.pool import GroupPool
 from daskvec.protocol import Autoreset, Command, ResetReply
 from daskvec.vector_buffers import VectorBuffers
 

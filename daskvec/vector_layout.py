@@ -21,7 +21,7 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, iterate
 
-from daskvec.pool import Group
+from daskvec.groups import Group
 from daskvec.worker.envs import ARRAY_SPACES
 
 __all__ = ["ObservationMode", "action_rows", "autoreset_mode", "batch_size", "group_rows", "reset_options", "seeds"]
