@@ -68,6 +68,29 @@ class Group:
         """Id of the process stepping the envs (the env process, or the worker's own)."""
         return self.desc.pid if self.desc.env_pid is None else self.desc.env_pid
 
+    def describe(self) -> dict[str, Any]:
+        """The group as plain data (an entry of ``DaskVecEnv.groups``).
+
+        Its env indices, worker, transport, the worker's ``deadline`` (epoch seconds at
+        which its lifetime or batch job ends, or ``None``) and ``env_pid``, the id of the
+        process stepping the envs on the worker's host (the worker's own with
+        ``env_process=False``). ``socket`` says how a direct channel is connected:
+        ``"unix"`` when the group runs on the client's machine, ``"tcp"`` otherwise,
+        ``"tls"`` on a secured cluster (``None`` for the actor transport). ``busy_poll`` is
+        the budget the group's worker applies to its channel.
+        """
+        return {
+            "envs": list(self.env_indices),
+            "worker": self.worker,
+            "transport": self.channel.kind,
+            "socket": getattr(self.channel, "family", None),
+            "key": self.gid,
+            "deadline": self.deadline,
+            "env_pid": self.env_pid,
+            "pid": self.desc.pid,
+            "busy_poll": self.desc.busy_poll,
+        }
+
     @property
     def transport(self) -> str:
         """``"direct/unix"``, ``"direct/tcp"`` or ``"actor"``."""

@@ -18,14 +18,12 @@ returns the first ``batch_size`` envs (whole groups) to finish, with their ids i
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import enum
 import functools
 import logging
 import math
 import multiprocessing
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -630,13 +628,6 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self._state = _State.CLOSED
         if hasattr(self, "_engine"):
             self._engine.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            warnings.warn("DaskVectorEnv was not closed; call envs.close()", ResourceWarning, stacklevel=1)
-            for g in self._engine.groups:
-                with contextlib.suppress(Exception):
-                    g.channel.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._engine.groups)} groups"
