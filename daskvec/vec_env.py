@@ -8,6 +8,7 @@ This module is the SB3 face and the state machine; the work is done by the parts
 - :mod:`daskvec.pool` -- the env-group actors: create, call, step, collect, tear down;
 - :mod:`daskvec.buffers` -- replies into SB3's observations, rewards, dones and infos;
 - :mod:`daskvec.recovery` -- lost, hung and moved groups, and the restart ledger.
+- :mod:`daskvec.vec_rollouts` -- worker-side rollouts (``collect_rollout``, ``replay``), a mixin.
 
 A step goes one way: :meth:`DaskVecEnv.step_async` sends each group its actions
 through the pool; :meth:`DaskVecEnv.step_wait` collects the replies into the buffers

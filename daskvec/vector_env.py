@@ -4,7 +4,8 @@ The second face of daskvec, beside :class:`~daskvec.vec_env.DaskVecEnv`: both ow
 :class:`~daskvec.engine.Engine` (options, client, worker directory, group pool,
 recovery), so groups, transports, fault handling and the dashboard are the same. This
 module holds the Gymnasium API and its state; :mod:`daskvec.vector_buffers` builds
-Gymnasium's results and infos.
+Gymnasium's results and infos, and :mod:`daskvec.vector_layout` checks its arguments and
+lays its batches out.
 
 It is a drop-in for ``gymnasium.vector.AsyncVectorEnv`` (and ``SyncVectorEnv``): the
 same results, spaces (``observation_mode``, per-env tuples for spaces that do not
