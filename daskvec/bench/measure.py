@@ -83,21 +83,11 @@ def _obs_checksum(obs: Any) -> float:
 def _run_window(
     stepper: _Stepper, actions: np.ndarray, start: int, seconds: float, steps: int | None
 ) -> tuple[int, float]:
-    """Step for ``steps`` vec-steps, or until ``seconds`` have passed; return (count, elapsed)."""
-    length = len(actions)
-    n = 0
-    t0 = time.perf_counter()
-    if steps is not None:
-        for i in range(steps):
-            stepper.step(actions[(start + i) % length])
-        n = steps
-    else:
-        end = t0 + seconds
-        while True:
-            stepper.step(actions[(start + n) % length])
-            n += 1
-            if time.perf_counter() >= end:
-                break
+    """Step for ``steps`` vec-steps, or until ``seconds`` have passed (at least once); return (count, elapsed)."""
+    n, t0 = 0, time.perf_counter()
+    while n < steps if steps is not None else n == 0 or time.perf_counter() < t0 + seconds:
+        stepper.step(actions[(start + n) % len(actions)])
+        n += 1
     return n, time.perf_counter() - t0
 
 
@@ -107,7 +97,6 @@ def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: Options) -> 
     fns = [case.make for _ in range(case.n_envs)]
     t0 = time.perf_counter()
     stepper = _Stepper(kind, _make_vec(kind, fns, opts, case), opts.seed)
-    closed = False
     try:
         t1 = time.perf_counter()
         stepper.reset()
@@ -120,14 +109,13 @@ def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: Options) -> 
         n, elapsed = _run_window(stepper, actions, 1 + n_warm, opts.seconds, opts.steps)
         memory = probe.measure(kind, stepper.inner, case.n_envs)
         info = stepper.describe()
-        t4 = time.perf_counter()
-        stepper.close()
-        closed = True
-        close_s = time.perf_counter() - t4
-    finally:
-        if not closed:
-            with contextlib.suppress(Exception):
-                stepper.close()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            stepper.close()
+        raise
+    t4 = time.perf_counter()
+    stepper.close()
+    close_s = time.perf_counter() - t4
     return {
         "steps_per_s": n * case.n_envs / elapsed if elapsed > 0 else float("nan"),
         "vec_steps": n,
@@ -151,45 +139,37 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def _summary(runs: list[dict[str, Any]], medians: Sequence[str], lists: dict[str, str]) -> dict[str, Any]:
+    """The last run's figures, with the medians of ``medians`` over the runs and ``lists`` of every run's."""
+    out = {**runs[-1], **{key: _median([run[key] for run in runs]) for key in medians}}
+    out.update({name: [run[key] for run in runs] for name, key in lists.items()})
+    out["leftover_processes"] = max(run["leftover_processes"] for run in runs)
+    return out
+
+
 def _measure_case(kind: str, case: Case, actions: np.ndarray, opts: Options) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for r in range(opts.repeat):
         logger.info("bench %s: %s, run %d/%d", case.name, LABELS[kind], r + 1, opts.repeat)
         runs.append(_measure_once(kind, case, actions, opts))
-    last = runs[-1]
-    timed = ("steps_per_s", "ttfs_s", "construct_s", "reset_s", "first_step_s")
-    out = {k: v for k, v in last.items() if k not in timed}
-    for key in timed:
-        out[key] = _median([run[key] for run in runs])
-    out["steps_per_s_runs"] = [run["steps_per_s"] for run in runs]
-    out["ttfs_runs"] = [run["ttfs_s"] for run in runs]
-    out["leftover_processes"] = max(run["leftover_processes"] for run in runs)
-    return out
+    return _summary(runs, ("steps_per_s", "ttfs_s", "construct_s", "reset_s", "first_step_s"),
+                    {"steps_per_s_runs": "steps_per_s", "ttfs_runs": "ttfs_s"})  # fmt: skip
 
 
 def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
     """PPO on CartPole-v1: wall time from construction to the end of ``learn``, then evaluate."""
     from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
-    classes: dict[str, tuple[Any, dict[str, Any]]] = {
-        "dummy": (DummyVecEnv, {}),
-        "subproc": (SubprocVecEnv, {"start_method": opts.subproc_start_method}),
-    }
-    if kind == "dask":
-        from daskvec.vec_env import DaskVecEnv
-
-        classes["dask"] = (DaskVecEnv, opts.dask_kwargs())
-    cls, kwargs = classes[kind]
     n_steps = int(min(2048, max(8, math.ceil(opts.training_timesteps / n_envs))))
     batch_size = int(min(64, n_steps * n_envs))
     probe = _MemoryProbe()
     t0 = time.perf_counter()
-    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=opts.seed, vec_env_cls=cls, vec_env_kwargs=kwargs)
+    env = _make_vec(kind, [lambda: Monitor(gym.make("CartPole-v1"))] * n_envs, opts)  # as SB3's make_vec_env
     try:
+        env.seed(opts.seed)
         t1 = time.perf_counter()
         model = PPO("MlpPolicy", env, seed=opts.seed, device="cpu", n_steps=n_steps, batch_size=batch_size, verbose=0)
         model.learn(total_timesteps=opts.training_timesteps)
@@ -223,12 +203,7 @@ def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
 
 def _measure_training_case(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
     runs = [_measure_training(kind, n_envs, opts) for _ in range(opts.repeat)]
-    out = dict(runs[-1])
-    out["wall_s"] = _median([r["wall_s"] for r in runs])
-    out["steps_per_s"] = _median([r["steps_per_s"] for r in runs])
-    out["wall_runs"] = [r["wall_s"] for r in runs]
-    out["mean_reward_runs"] = [r["mean_reward"] for r in runs]
-    return out
+    return _summary(runs, ("wall_s", "steps_per_s"), {"wall_runs": "wall_s", "mean_reward_runs": "mean_reward"})
 
 
 @contextlib.contextmanager

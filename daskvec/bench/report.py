@@ -23,32 +23,25 @@ _PPO_SCENARIOS = ("training", "contention")
 _TABLE_ONLY = tuple(source.IN_SOURCE)
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
 def _add_ratios(case: dict[str, Any]) -> None:
-    results = case["results"]
-    base = results.get(BASELINE, {})
     if case["scenario"] in _TABLE_ONLY:
         return
-    for res in results.values():
+    base = case["results"].get(BASELINE, {})
+    base_mem = base.get("memory", {}).get("per_env_mb")
+    for res in case["results"].values():
         if "error" in res or "skipped" in res:
             continue
         if case["scenario"] in _PPO_SCENARIOS:
-            ok = "wall_s" in base
-            res["ratio_wall"] = res["wall_s"] / base["wall_s"] if ok else None
-            res["ratio_steps_per_s"] = base["wall_s"] / res["wall_s"] if ok else None
-            res["ratio_mem_per_env"] = (
-                res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
-                if ok and base["memory"]["per_env_mb"] > 0
-                else None
-            )
-            continue
-        ok = "steps_per_s" in base
-        res["ratio_steps_per_s"] = res["steps_per_s"] / base["steps_per_s"] if ok else None
-        res["ratio_ttfs"] = res["ttfs_s"] / base["ttfs_s"] if ok and base["ttfs_s"] > 0 else None
-        res["ratio_mem_per_env"] = (
-            res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
-            if ok and base["memory"]["per_env_mb"] > 0
-            else None
-        )
+            res["ratio_wall"] = _ratio(res["wall_s"], base.get("wall_s"))
+            res["ratio_steps_per_s"] = _ratio(base.get("wall_s"), res["wall_s"])
+        else:
+            res["ratio_steps_per_s"] = _ratio(res["steps_per_s"], base.get("steps_per_s"))
+            res["ratio_ttfs"] = _ratio(res["ttfs_s"], base.get("ttfs_s"))
+        res["ratio_mem_per_env"] = _ratio(res["memory"]["per_env_mb"], base_mem)
         if case.get("ideal_steps_per_s"):
             res["fraction_of_ideal"] = res["steps_per_s"] / case["ideal_steps_per_s"]
 
