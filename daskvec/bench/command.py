@@ -117,11 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _quiet_logs() -> Iterator[None]:
-    """Raise Dask's and daskvec's loggers to WARNING while the benchmark runs.
-
-    The embedded cluster's scheduler and nannies live in this process; their INFO
-    lines would bury the table.
-    """
+    """Raise Dask's and daskvec's loggers to WARNING while the benchmark runs (the embedded cluster's
+    INFO lines would bury the table)."""
     names = ["distributed", "daskvec"] + [
         n for n in list(logging.root.manager.loggerDict) if n.startswith(("distributed.", "daskvec."))
     ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from daskvec.bench import source
 from daskvec.bench.envs import action_cycle
-from daskvec.bench.machine import machine_info
+from daskvec.bench.machine import load_average, machine_info
 from daskvec.bench.measure import _measure_case, _measure_training_case, busy_processes
 from daskvec.bench.report import _add_ratios, write_results
 from daskvec.bench.scenarios import (
@@ -36,11 +36,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["SCHEMA_VERSION", "run_benchmark"]
 
 SCHEMA_VERSION = 1
-
-
-def _error_entry(kind: str, exc: BaseException) -> dict[str, Any]:
-    logger.exception("bench: %s failed", LABELS.get(kind, kind))
-    return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _prepare_imports(kinds: Sequence[str]) -> None:
@@ -112,13 +107,12 @@ def run_benchmark(
         sizes = [int(n) for n in n_envs] if n_envs else list(DEFAULT_ENVS[scenario])
         for case_out in _scenario_cases(scenario, sizes, kinds, opts):
             results["cases"].append(case_out)
-            _save_partial(results, out_dir, started, stamp)
-    if dashboard:
-        results["dashboard"] = _dashboard_entry(opts, n_envs, dashboard_route)
-    _stamp_end(results, started)
+            _save(results, started, out_dir, stamp)  # an interrupted long run still leaves its results
+    if dashboard:  # with the first env count, 8 by default
+        dashboard_of = source.module("--dashboard").dashboard_entry
+        results["dashboard"] = dict(dashboard_of(opts, int((n_envs or [8])[0]), dashboard_route))
     results["complete"] = True
-    if out_dir is not None:
-        results["files"] = write_results(results, out_dir, plot=plot, stamp=stamp)
+    _save(results, started, out_dir, stamp, plot=plot)
     return results
 
 
@@ -164,17 +158,14 @@ def _new_results(
     }
 
 
-def _stamp_end(results: dict[str, Any], started: float) -> None:
-    """Record the run's duration so far and the load average now."""
+def _save(
+    results: dict[str, Any], started: float, out_dir: str | os.PathLike[str] | None, stamp: str, plot: bool = False
+) -> None:
+    """Record the run's duration so far and the load average now; write the results in ``out_dir`` (if any)."""
     results["duration_s"] = time.perf_counter() - started
-    results["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-
-
-def _save_partial(results: dict[str, Any], out_dir: str | os.PathLike[str] | None, started: float, stamp: str) -> None:
-    """Keep the JSON on disk current, so a long run that is interrupted still leaves its results."""
+    results["load_average_end"] = load_average()
     if out_dir is not None:
-        _stamp_end(results, started)
-        write_results(results, out_dir, plot=False, stamp=stamp)
+        write_results(results, out_dir, plot=plot, stamp=stamp)
 
 
 def _scenario_cases(scenario: str, sizes: list[int], kinds: list[str], opts: Options) -> Iterator[dict[str, Any]]:
@@ -202,7 +193,8 @@ def _measure_kinds(case_out: dict[str, Any], kinds: list[str], measure: Callable
         try:
             case_out["results"][kind] = measure(kind)
         except Exception as e:
-            case_out["results"][kind] = _error_entry(kind, e)
+            logger.exception("bench: %s failed", LABELS.get(kind, kind))
+            case_out["results"][kind] = {"error": f"{type(e).__name__}: {e}"}
 
 
 def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = False) -> dict[str, Any]:
@@ -262,12 +254,3 @@ def _stepping_case(case: Case, kinds: list[str], opts: Options) -> dict[str, Any
         case_out["ideal"] = f"{cores} cores x DummyVecEnv"
     _add_ratios(case_out)
     return case_out
-
-
-def _dashboard_entry(opts: Options, n_envs: Sequence[int] | None, route: str | None) -> dict[str, Any]:
-    """The dashboard open-vs-closed measurement with the first env count (8 by default), or its error."""
-    sizes = [int(n) for n in n_envs] if n_envs else [8]
-    try:
-        return dict(source.module("--dashboard").measure_dashboard(opts, n_envs=sizes[0], route=route))
-    except Exception as e:
-        return {"available": False, **_error_entry("dask", e)}

@@ -49,20 +49,12 @@ def process_memory() -> dict[str, Any]:
 
 def _mp_helper_pids() -> set[int]:
     """PIDs of multiprocessing's long-lived helpers (forkserver, resource tracker)."""
-    pids: set[int] = set()
     with contextlib.suppress(Exception):
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
-        pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
-        if pid:
-            pids.add(int(pid))
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        pid = resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
-        if pid:
-            pids.add(int(pid))
-    return pids
+        pids = (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid)  # type: ignore[attr-defined]
+        return {int(pid) for pid in pids if pid}
+    return set()
 
 
 def _descendants() -> dict[int, Any]:
@@ -113,14 +105,9 @@ class _MemoryProbe:
                 if m.get("host") == local_host:
                     seen.update(int(x["pid"]) for x in [m, *children])
         for pid, p in sorted(self.new_processes().items()):
-            if pid in seen:
-                continue
-            try:
-                m = _proc_memory(p)
-            except psutil.Error:
-                continue
-            role = "env process" if pid in env_pids else "helper"
-            procs.append({**m, "role": role})
+            with contextlib.suppress(psutil.Error):
+                if pid not in seen:
+                    procs.append({**_proc_memory(p), "role": "env process" if pid in env_pids else "helper"})
         if kind == "subproc":  # SubprocVecEnv's forkserver is part of its cost
             for pid in _mp_helper_pids():
                 with contextlib.suppress(psutil.Error):

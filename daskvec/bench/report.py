@@ -98,9 +98,8 @@ def format_table(results: dict[str, Any]) -> str:
             lines.extend(source.format_case(case))
             continue
         lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
-    dash = results.get("dashboard")
-    if dash:
-        lines.append(_dashboard_line(dash))
+    if results.get("dashboard"):
+        lines.extend(source.format_case(results["dashboard"], "--dashboard"))
     lines.extend(_machine_lines(results))
     return "\n".join(lines)
 
@@ -135,18 +134,6 @@ def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
         f"{_fmt(res['memory']['per_env_mb'], '.1f'):>8} {_fmt(res.get('ratio_mem_per_env'), '.2f'):>9}  "
         + "; ".join(notes)
     )
-
-
-def _dashboard_line(dash: dict[str, Any]) -> str:
-    """The dashboard open-vs-closed line of :func:`format_table`."""
-    if dash.get("available"):
-        return (
-            f"dashboard ({dash['method']}, {dash['route']}): "
-            f"DaskVecEnv {dash['closed_steps_per_s']:,.0f} env-steps/s "
-            f"page closed, {dash['open_steps_per_s']:,.0f} open ({dash['ratio_open_to_closed']:.2f}x)"
-            + ("" if dash.get("page_connected") else " [page never connected]")
-        )
-    return f"dashboard: not measured ({dash.get('reason') or dash.get('error')})"
 
 
 def _machine_lines(results: dict[str, Any]) -> list[str]:
