@@ -177,8 +177,9 @@ def _run_in_source(args: argparse.Namespace, quiet: contextlib.AbstractContextMa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``python -m daskvec.bench``."""
-    doc = sys.modules[__package__].__doc__ if __package__ else None  # the package's, as before the split
-    parser = argparse.ArgumentParser(prog="daskvec bench", description=doc.split("\n\n")[0] if doc else None)
+    from daskvec import bench
+
+    parser = argparse.ArgumentParser(prog="daskvec bench", description=(bench.__doc__ or "").split("\n\n")[0])
     add_arguments(parser)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return run(parser.parse_args(argv))

@@ -64,23 +64,15 @@ def run_benchmark(
 
     Parameters
     ----------
-    scenarios : sequence of str
-        Any of :data:`SCENARIOS`; ``"all"`` for every one but the real workloads
-        (:data:`WORKLOADS`), ``"workloads"`` for those. ``gym-faces``, ``straggler`` and
-        ``groups`` run from a source checkout only (:mod:`daskvec.bench.source`); ``"all"``
-        skips them elsewhere.
-    vec_envs : sequence of str
-        Any of :data:`VEC_ENVS`. Ratios need ``"subproc"`` (the baseline). The EnvPool kinds
-        run only in the workload scenarios that have an EnvPool task.
+    scenarios, vec_envs : sequence of str
+        Any of :data:`SCENARIOS` (``"all"``: all but the real workloads, :data:`WORKLOADS`, which
+        ``"workloads"`` names) and of :data:`VEC_ENVS` (ratios need ``"subproc"``, the baseline).
     n_envs : sequence of int, optional
-        Env counts for every stepping scenario (the first one for training), instead of
-        :data:`DEFAULT_ENVS`.
+        Env counts for every scenario (the first one for training) instead of :data:`DEFAULT_ENVS`.
     dashboard, dashboard_route
-        Also measure DaskVecEnv with the daskvec dashboard page open vs closed (from a source
-        checkout); the page's route, when ``/individual-plots.json`` does not list it.
+        Also measure DaskVecEnv with the dashboard page open vs closed (from a source checkout).
     out_dir, plot
-        Write ``bench-<timestamp>.json`` (and a PNG chart when ``plot``: needs matplotlib)
-        in ``out_dir``, plus ``latest.json``/``latest.png``.
+        Write ``bench-<timestamp>.json`` (and a PNG chart when ``plot``) and ``latest.*`` there.
     **settings
         The fields of :class:`Options` (``seconds``, ``steps``, ``repeat``, ``scheduler``, ...).
 

@@ -16,7 +16,6 @@ __all__ = [
     "busy_loop",
     "make_atari",
     "make_envpool",
-    "make_mujoco",
 ]
 
 
@@ -147,11 +146,6 @@ def make_atari(env_id: str = "PongNoFrameskip-v4", frame_stack: int = 0) -> gym.
     if frame_stack:
         env = gym.wrappers.FrameStackObservation(env, frame_stack)
     return env
-
-
-def make_mujoco(env_id: str = "HalfCheetah-v5") -> gym.Env[Any, Any]:
-    """A MuJoCo env from ``gymnasium[mujoco]``."""
-    return gym.make(env_id)
 
 
 def make_envpool(task: str, num_envs: int, seed: int, num_threads: int = 0) -> Any:

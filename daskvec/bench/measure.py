@@ -73,10 +73,8 @@ class _Stepper:
 
 
 def _obs_checksum(obs: Any) -> float:
-    if isinstance(obs, dict):
-        return float(sum(_obs_checksum(v) for v in obs.values()))
-    if isinstance(obs, tuple):
-        return float(sum(_obs_checksum(v) for v in obs))
+    if isinstance(obs, dict | tuple):
+        return float(sum(_obs_checksum(v) for v in (obs.values() if isinstance(obs, dict) else obs)))
     return float(np.sum(np.asarray(obs), dtype=np.float64))
 
 
@@ -210,8 +208,7 @@ def _measure_training_case(kind: str, n_envs: int, opts: Options) -> dict[str, A
 def busy_processes(n: int) -> Iterator[list[int]]:
     """``n`` processes spinning on the CPU while the block runs (the ``contention`` scenario); their pids.
 
-    Started with ``spawn`` so that they hold nothing of this process, and ended (SIGTERM,
-    then SIGKILL) when the block ends, however it ends.
+    Started with ``spawn`` (they hold nothing of this process) and killed when the block ends, however it ends.
     """
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=busy_loop, name="daskvec-bench-busy", daemon=True) for _ in range(n)]
@@ -221,10 +218,6 @@ def busy_processes(n: int) -> Iterator[list[int]]:
         yield [int(p.pid) for p in procs if p.pid]
     finally:
         for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
+            if p.pid is not None:
                 p.kill()
                 p.join(timeout=10)

@@ -11,7 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from daskvec.bench.envs import BusyEnv, ImageEnv, make_atari, make_envpool, make_mujoco
+from daskvec.bench.envs import BusyEnv, ImageEnv, make_atari, make_envpool
 from daskvec.bench.machine import _usable_cores
 
 __all__ = [
@@ -87,21 +87,12 @@ _ACTION_CYCLE = 1024
 
 @dataclass(frozen=True)
 class Case:
-    """One measured configuration: a scenario with an env and a number of envs.
+    """One measured configuration: a scenario with an env (``make``) and a number of envs.
 
-    Attributes
-    ----------
-    make : callable
-        One env's factory, for every kind but those below.
-    make_async : callable, optional
-        The factory ``AsyncVectorEnv`` gets instead (an Atari env stacking its own frames,
-        since Gymnasium has no ``VecFrameStack``).
-    frame_stack : int
-        ``VecFrameStack(n)`` around the SB3 vec envs (0: none).
-    envpool_task : str, optional
-        The EnvPool task of the same workload, for the EnvPool kinds.
-    python_ideal : bool
-        Report the Python ideal: cores x DummyVecEnv's single-process rate of the same run.
+    ``make_async`` is the factory ``AsyncVectorEnv`` gets instead (stacking its own frames:
+    Gymnasium has no ``VecFrameStack``), ``frame_stack`` the ``VecFrameStack`` around the SB3
+    vec envs (0: none), ``envpool_task`` the EnvPool kinds' task; ``python_ideal`` reports
+    cores x DummyVecEnv's rate of the same run.
     """
 
     scenario: str
@@ -122,7 +113,7 @@ def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Cas
                      make_async=functools.partial(make_atari, "PongNoFrameskip-v4", 4), frame_stack=4,
                      envpool_task="Pong-v5", python_ideal=True) for n in sizes]  # fmt: skip
     if scenario == "mujoco":
-        cheetah = functools.partial(make_mujoco, "HalfCheetah-v5")
+        cheetah = functools.partial(gym.make, "HalfCheetah-v5")
         return [Case(scenario, f"mujoco-{n}", "HalfCheetah-v5", int(n), cheetah, envpool_task="HalfCheetah-v5",
                      python_ideal=True) for n in sizes]  # fmt: skip
     if scenario == "light":
@@ -143,22 +134,8 @@ def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Cas
 class Options:
     """Settings of one benchmark run: ``daskvec bench``'s options of the same names (docs/benchmark.md).
 
-    Attributes
-    ----------
-    seconds, steps, warmup, repeat, seed
-        The time budget of each timed window, or a fixed number of vec-steps (the warm-up is
-        then ``max(1, steps // 10)`` vec-steps); seconds of warm-up; runs per vec env (medians
-        are reported); the seed of envs (env ``i`` gets ``seed + i``), actions and PPO.
-    scheduler, transport, env_process
-        DaskVecEnv's scheduler address (``None``: the embedded LocalCluster), ``transport``
-        and ``env_process``.
-    subproc_start_method, async_context
-        Start methods of SubprocVecEnv and AsyncVectorEnv (``None``: their defaults).
-    heavy_step_s, training_timesteps, eval_episodes, contention_timesteps
-        CPU seconds per step of ``heavy``'s env; PPO timesteps and evaluation episodes of
-        ``training``; PPO timesteps of ``contention``.
-    cores
-        Usable cores (default: this process's CPU affinity).
+    Besides them: ``training_timesteps`` (``--timesteps``), ``heavy_step_s`` (CPU seconds per
+    step of the heavy scenario's env) and ``cores`` (default: this process's CPU affinity).
     """
 
     seconds: float = 2.0
