@@ -37,9 +37,6 @@ def _number_list(kind: type[int] | type[float], example: str, low: float) -> Cal
     return parse
 
 
-_ENV_COUNTS = _number_list(int, "8,64", 1)
-
-
 #: Scenarios that run on their own, outside ``all``: the across-hosts, learning and Python-ceiling
 #: benchmarks of the source repository (:mod:`daskvec.bench.source`).
 OWN_RUN = ("hosts", "learning", "learning-offpolicy", "ceiling")
@@ -110,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN])  # fmt: skip
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")  # fmt: skip
-    parser.add_argument("--envs", type=_ENV_COUNTS, default=None, metavar="N[,N...]", help=_ENVS_HELP)
+    parser.add_argument("--envs", type=_number_list(int, "8,64", 1), default=None, metavar="N[,N...]", help=_ENVS_HELP)
     for flags, kwargs in _OPTIONS:
         parser.add_argument(*flags, **kwargs)
 

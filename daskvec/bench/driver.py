@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import importlib
 import logging
 import os
 import time
@@ -40,13 +41,9 @@ SCHEMA_VERSION = 1
 
 def _prepare_imports(kinds: Sequence[str]) -> None:
     """Import what the vec envs need before any memory baseline is taken."""
-    import psutil  # noqa: F401
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv  # noqa: F401
-
-    if "dask" in kinds:
-        import distributed  # noqa: F401
-
-        import daskvec.vec_env  # noqa: F401
+    dask = any(k.startswith("dask") for k in kinds)
+    for name in ("psutil", "stable_baselines3.common.vec_env", *(["daskvec.vec_env"] if dask else [])):
+        importlib.import_module(name)
 
 
 def run_benchmark(

@@ -85,9 +85,7 @@ class _MemoryProbe:
         import psutil
 
         client = _proc_memory(self.proc)
-        env_pids: set[int] = set()
-        if kind in ("subproc", "async"):
-            env_pids = {int(p.pid) for p in getattr(env, "processes", []) if p.pid}
+        env_pids = {int(p.pid) for p in getattr(env, "processes", []) if p.pid} if kind in ("subproc", "async") else ()
         procs: list[dict[str, Any]] = []
         seen: set[int] = set()
         local_host = platform.node()

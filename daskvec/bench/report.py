@@ -70,11 +70,7 @@ def write_results(
 
 
 def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    return obj.tolist() if isinstance(obj, np.generic | np.ndarray) else str(obj)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -93,11 +89,10 @@ def format_table(results: dict[str, Any]) -> str:
     for case in results["cases"]:
         if case.get("skipped"):
             lines.append(f"{case['case']:<12} skipped: {case['skipped']}")
-            continue
-        if case["scenario"] in _TABLE_ONLY:
+        elif case["scenario"] in _TABLE_ONLY:
             lines.extend(source.format_case(case))
-            continue
-        lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
+        else:
+            lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
     if results.get("dashboard"):
         lines.extend(source.format_case(results["dashboard"], "--dashboard"))
     lines.extend(_machine_lines(results))
@@ -138,14 +133,12 @@ def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
 
 def _machine_lines(results: dict[str, Any]) -> list[str]:
     """The machine, the load before and after the run, and how to read the table."""
-    lines = []
     m = results["machine"]
-    lines.append(
+    start, end = (m.get("load_average") or [0.0])[0], (results.get("load_average_end") or [0.0])[0]
+    lines = [
         f"machine: {m['cpu']}, {m['cores_usable']} usable cores, {m['memory_gb']} GB, Python {m['python']}, "
         f"load average at start {_fmt((m.get('load_average') or [None])[0], '.2f')}"
-    )
-    start = (m.get("load_average") or [0.0])[0]
-    end = (results.get("load_average_end") or [0.0])[0]
+    ]
     # Only the load before the run says something about other processes: by the end, the
     # 1-min figure is mostly the benchmark's own (64 SubprocVecEnv children, Dask workers).
     if start > 0.5 * (m.get("cores_usable") or 1):
@@ -189,12 +182,8 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
         for j, kind in enumerate(kinds):
             vals = [c["results"].get(kind, {}).get(key) for c in cases]
             heights = [v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else np.nan for v in vals]
-            pos = x - 0.4 + width * (j + 0.5)
-            ax.bar(pos, heights, width, label=LABELS[kind], color=colors[kind])
-            for p, h in zip(pos, heights, strict=True):
-                if np.isfinite(h):
-                    ax.annotate(f"{h:.2g}", (p, h), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
-                                textcoords="offset points")  # fmt: skip
+            bars = ax.bar(x - 0.4 + width * (j + 0.5), heights, width, label=LABELS[kind], color=colors[kind])
+            ax.bar_label(bars, [f"{h:.2g}" if np.isfinite(h) else "" for h in heights], fontsize=7, padding=2)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.set_xticks(x, [c["case"] for c in cases], rotation=20)

@@ -172,12 +172,13 @@ def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case
     Each kind's package is imported here, when it is used: an import during a measurement
     would count as that vec env's memory.
     """
-    task, n = (case.envpool_task, case.n_envs) if case is not None else (None, len(fns))
-    if kind in ENVPOOL_KINDS and task is None:
-        raise ValueError(f"{kind} needs a case with an EnvPool task")
-    if kind == "envpool":
-        return make_envpool(str(task), n, opts.seed, opts.cores)
-    if kind == "dask-envpool":  # one EnvPool per core, at most one per 4 envs, sharing the cores' threads
+    if kind in ENVPOOL_KINDS:
+        task, n = (case.envpool_task, case.n_envs) if case is not None else (None, len(fns))
+        if task is None:
+            raise ValueError(f"{kind} needs a case with an EnvPool task")
+        if kind == "envpool":
+            return make_envpool(task, n, opts.seed, opts.cores)
+        # dask-envpool: one EnvPool per core, at most one per 4 envs, sharing the cores' threads
         groups = max(1, min(opts.cores, math.ceil(n / 4)))
         sizes = [n // groups + (1 if k < n % groups else 0) for k in range(groups)]
         threads = max(1, opts.cores // groups)
