@@ -6,11 +6,9 @@ reported with its env-steps/s, time to first step, memory per env and their rati
 ``SubprocVecEnv``, in a dict (:func:`run_benchmark`), a table, JSON and a PNG chart.
 docs/benchmark.md describes the scenarios, the figures and the JSON.
 
-In the order a run uses them: :mod:`~daskvec.bench.envs`, :mod:`~daskvec.bench.scenarios`
-(scenarios, vec env kinds, cases, :class:`Options`), :mod:`~daskvec.bench.measure` and
-:mod:`~daskvec.bench.memory`, :mod:`~daskvec.bench.machine`, :mod:`~daskvec.bench.driver`,
-:mod:`~daskvec.bench.report`, :mod:`~daskvec.bench.command`. The benchmarks of the source
-repository's ``benchmarks/`` run from a checkout (:mod:`~daskvec.bench.source`).
+Its modules, in the order a run uses them: ``envs``, ``scenarios`` (with :class:`Options`),
+``measure``, ``machine``, ``driver``, ``report``, ``command``; ``source`` runs the benchmarks
+of the source repository's ``benchmarks/`` from a checkout.
 
 Importing it stays light (the standard library, numpy and gymnasium) because Dask workers
 and subprocesses import :mod:`daskvec.bench.envs`, and with it this package.
@@ -22,7 +20,7 @@ from daskvec.bench.command import add_arguments, main, run
 from daskvec.bench.driver import SCHEMA_VERSION, run_benchmark
 from daskvec.bench.envs import BusyEnv, ImageEnv, action_cycle, burn_cpu
 from daskvec.bench.machine import machine_info
-from daskvec.bench.memory import process_memory
+from daskvec.bench.measure import process_memory
 from daskvec.bench.report import format_table, plot_results, write_results
 from daskvec.bench.scenarios import BASELINE, DEFAULT_ENVS, LABELS, SCENARIOS, VEC_ENVS, Case, Options
 

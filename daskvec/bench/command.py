@@ -141,15 +141,17 @@ def run(args: argparse.Namespace) -> int:
         reported), 2 for invalid options.
     """
     quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
-    if getattr(args, "tls", False) or any(s in OWN_RUN for s in args.scenario):
-        return _run_in_source(args, quiet)
+    asked = "--tls" if getattr(args, "tls", False) else next((s for s in args.scenario if s in OWN_RUN), None)
     try:
         with quiet:
+            if asked is not None:  # run by benchmarks/command.py, from a source checkout
+                command = source.module(asked, "command")
+                return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
             settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if hasattr(args, f.name)}
             results = run_benchmark(args.scenario, args.vec_envs, n_envs=args.envs, dashboard=args.dashboard,
                                     dashboard_route=args.dashboard_route, out_dir=args.out, plot=not args.no_plot,
                                     **settings)  # fmt: skip
-    except ValueError as e:  # InSourceOnly too: a scenario of the source repository asked of a wheel
+    except ValueError as e:  # invalid options; InSourceOnly: a benchmark of the source repository asked of a wheel
         print(f"daskvec bench: {e}", file=sys.stderr)
         return 2
     print(format_table(results))
@@ -158,18 +160,6 @@ def run(args: argparse.Namespace) -> int:
     failed = any("error" in r for c in results["cases"] for r in c["results"].values())
     failed = failed or bool(results.get("dashboard") and "error" in results["dashboard"])
     return 1 if failed else 0
-
-
-def _run_in_source(args: argparse.Namespace, quiet: contextlib.AbstractContextManager[None]) -> int:
-    """``--tls`` or a scenario that runs on its own: by ``benchmarks/command.py``, from a source checkout."""
-    asked = "--tls" if getattr(args, "tls", False) else next(s for s in args.scenario if s in OWN_RUN)
-    try:
-        command = source.module(asked, "command")
-    except source.InSourceOnly as e:
-        print(f"daskvec bench: {e}", file=sys.stderr)
-        return 2
-    with quiet:
-        return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -196,8 +196,14 @@ def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = F
     if contention:
         opts = dataclasses.replace(opts, training_timesteps=opts.contention_timesteps)
     env = f"CartPole-v1 (PPO{f', {CONTENTION_BUSY} busy-loop processes beside' if contention else ''})"
-    case_out: dict[str, Any] = {"scenario": scenario, "case": f"{scenario}-{n}", "env": env, "n_envs": n,
-                                "timesteps": opts.training_timesteps, "results": {}}  # fmt: skip
+    case_out: dict[str, Any] = {
+        "scenario": scenario,
+        "case": f"{scenario}-{n}",
+        "env": env,
+        "n_envs": n,
+        "timesteps": opts.training_timesteps,
+        "results": {},
+    }
 
     def measure(kind: str) -> dict[str, Any]:
         if kind == "async":

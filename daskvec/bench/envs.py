@@ -8,15 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = [
-    "BusyEnv",
-    "ImageEnv",
-    "action_cycle",
-    "burn_cpu",
-    "busy_loop",
-    "make_atari",
-    "make_envpool",
-]
+__all__ = ["BusyEnv", "ImageEnv", "action_cycle", "burn_cpu", "busy_loop", "make_atari", "make_envpool"]
 
 
 def _spin(iterations: int) -> int:

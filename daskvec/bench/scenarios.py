@@ -52,11 +52,7 @@ LABELS: dict[str, str] = {
 }
 
 #: The modules each workload needs (pip install "daskvec[workloads]").
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "atari": ("ale_py", "cv2"),
-    "mujoco": ("mujoco",),
-    "envpool": ("envpool",),
-}
+_NEEDS: dict[str, tuple[str, ...]] = {"atari": ("ale_py", "cv2"), "mujoco": ("mujoco",), "envpool": ("envpool",)}
 
 
 def missing_packages(what: str) -> list[str]:
@@ -116,18 +112,14 @@ def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Cas
         cheetah = functools.partial(gym.make, "HalfCheetah-v5")
         return [Case(scenario, f"mujoco-{n}", "HalfCheetah-v5", int(n), cheetah, envpool_task="HalfCheetah-v5",
                      python_ideal=True) for n in sizes]  # fmt: skip
-    if scenario == "light":
-        make: Callable[[], gym.Env[Any, Any]] = functools.partial(gym.make, "CartPole-v1")
-        env = "CartPole-v1"
-    elif scenario == "heavy":
-        make = functools.partial(BusyEnv, step_cpu_s=heavy_step_s)
-        env = f"BusyEnv ({heavy_step_s * 1e3:g} ms CPU/step)"
-    elif scenario == "images":
-        make = ImageEnv
-        env = "ImageEnv (84x84x3 uint8)"
-    else:
+    envs: dict[str, tuple[str, Callable[[], gym.Env[Any, Any]]]] = {
+        "light": ("CartPole-v1", functools.partial(gym.make, "CartPole-v1")),
+        "heavy": (f"BusyEnv ({heavy_step_s * 1e3:g} ms CPU/step)", functools.partial(BusyEnv, step_cpu_s=heavy_step_s)),
+        "images": ("ImageEnv (84x84x3 uint8)", ImageEnv),
+    }
+    if scenario not in envs:
         raise ValueError(f"no stepping case for scenario {scenario!r}")
-    return [Case(scenario, f"{scenario}-{n}", env, int(n), make) for n in sizes]
+    return [Case(scenario, f"{scenario}-{n}", envs[scenario][0], int(n), envs[scenario][1]) for n in sizes]
 
 
 @dataclass
