@@ -512,5 +512,6 @@ def test_rtt_option_is_checked() -> None:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert parser.parse_args(["--scenario", "hosts", "--rtt", "0,2,10"]).rtt == [0.0, 2.0, 10.0]
+    assert parser.parse_args(["--scenario", "learning", "--learning-seeds", "0,1"]).learning_seeds == [0, 1]
     with pytest.raises(SystemExit):
         parser.parse_args(["--rtt", "0,-2"])

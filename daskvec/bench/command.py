@@ -70,7 +70,7 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                                    "help": "SubprocVecEnv start method (default: its own, forkserver on Linux)"}),
     (("--async-context",), {"default": None, "choices": _STARTS,
                             "help": "AsyncVectorEnv multiprocessing context (default: its own)"}),
-    (("--timesteps",), {"type": int, "default": 25_000, "dest": "training_timesteps",
+    (("--timesteps",), {"type": int, "default": 25_000, "dest": "training_timesteps", "metavar": "TIMESTEPS",
                         "help": "PPO timesteps of the training scenario"}),
     (("--eval-episodes",), {"type": int, "default": 10, "help": "evaluation episodes after training"}),
     (("--contention-timesteps",), {"type": int, "default": 8192,
