@@ -29,7 +29,8 @@ from daskvec.dashboard_link import served_pages as bokeh_routes  # the Bokeh app
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["bokeh_connections", "bokeh_routes", "find_dashboard_route", "measure_dashboard"]
+__all__ = ["bokeh_connections", "bokeh_routes", "dashboard_entry", "find_dashboard_route", "format_case",
+           "measure_dashboard"]  # fmt: skip
 
 
 def _http_json(url: str, timeout: float = 10.0) -> Any:
@@ -158,6 +159,26 @@ def _install_dashboard() -> str | None:
     if callable(install):
         install()
     return None
+
+
+def dashboard_entry(opts: Options, n_envs: int, route: str | None) -> dict[str, Any]:
+    """``daskvec bench --dashboard``: :func:`measure_dashboard`, or its error, as the results' ``dashboard``."""
+    try:
+        return measure_dashboard(opts, n_envs=n_envs, route=route)
+    except Exception as e:
+        logger.exception("bench: the dashboard measurement failed")
+        return {"available": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def format_case(dash: dict[str, Any]) -> list[str]:
+    """The dashboard's line of ``daskvec bench``'s table."""
+    if not dash.get("available"):
+        return [f"dashboard: not measured ({dash.get('reason') or dash.get('error')})"]
+    return [
+        f"dashboard ({dash['method']}, {dash['route']}): DaskVecEnv {dash['closed_steps_per_s']:,.0f} env-steps/s "
+        f"page closed, {dash['open_steps_per_s']:,.0f} open ({dash['ratio_open_to_closed']:.2f}x)"
+        + ("" if dash.get("page_connected") else " [page never connected]")
+    ]
 
 
 def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) -> dict[str, Any]:

@@ -286,9 +286,9 @@ def test_workload_without_its_packages_is_skipped_with_the_reason(
 def test_all_leaves_the_workloads_out() -> None:
     from daskvec.bench.driver import _check_selection
 
-    chosen, _ = _check_selection(["all"], ["dummy"], "auto", 1.0, None, 0.0, 1, None)
+    chosen, _ = _check_selection(["all"], ["dummy"])
     assert "atari" not in chosen and "light" in chosen
-    chosen, _ = _check_selection(["workloads"], ["dummy"], "auto", 1.0, None, 0.0, 1, None)
+    chosen, _ = _check_selection(["workloads"], ["dummy"])
     assert chosen == ["atari", "mujoco", "contention"]
 
 
@@ -414,9 +414,9 @@ def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
         assert f"source repository (benchmarks/{where}.py)" in err and 'pip install -e ".[test]"' in err, err
     with pytest.raises(source.InSourceOnly, match="gym-faces"):
         bench.run_benchmark(scenarios=["light", "gym-faces"])
-    chosen, _ = driver._check_selection(["all"], ["dask"], "auto", 1.0, None, 0.0, 1, None)
+    chosen, _ = driver._check_selection(["all"], ["dask"])
     assert {"gym-faces", "straggler", "groups"} <= set(chosen)  # "all" does not fail: they are skipped
-    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options(), 1)
+    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options())
     assert case["results"] == {} and "source repository" in case["skipped"]
     assert "straggler    skipped: a benchmark of the source repository" in bench.format_table(
         {"cases": [case], "machine": {"cpu": "x", "cores_usable": 1, "memory_gb": 1, "python": "3"}}
@@ -512,5 +512,6 @@ def test_rtt_option_is_checked() -> None:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert parser.parse_args(["--scenario", "hosts", "--rtt", "0,2,10"]).rtt == [0.0, 2.0, 10.0]
+    assert parser.parse_args(["--scenario", "learning", "--learning-seeds", "0,1"]).learning_seeds == [0, 1]
     with pytest.raises(SystemExit):
         parser.parse_args(["--rtt", "0,-2"])

@@ -1,7 +1,5 @@
 """``python -m daskvec.bench``: the same as ``daskvec bench``."""
 
-from __future__ import annotations
-
 import sys
 
 from daskvec.bench.command import main

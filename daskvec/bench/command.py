@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from daskvec.bench import source
 from daskvec.bench.driver import run_benchmark
 from daskvec.bench.report import format_table
-from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS
+from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS, Options
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -21,24 +22,19 @@ def _comma_list(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _int_list(value: str) -> list[int]:
-    try:
-        out = [int(v) for v in _comma_list(value)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated env counts such as 8,64, not {value!r}") from None
-    if not out or any(n < 1 for n in out):
-        raise argparse.ArgumentTypeError(f"env counts must be positive, not {value!r}")
-    return out
+def _number_list(kind: type[int] | type[float], example: str, low: float) -> Callable[[str], list[Any]]:
+    """An argparse type: comma-separated ``kind`` numbers, each at least ``low``."""
 
+    def parse(value: str) -> list[Any]:
+        try:
+            out = [kind(v) for v in _comma_list(value)]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers such as {example}, not {value!r}") from None
+        if not out or any(x < low for x in out):
+            raise argparse.ArgumentTypeError(f"expected numbers of at least {low:g}, not {value!r}")
+        return out
 
-def _float_list(value: str) -> list[float]:
-    try:
-        out = [float(v) for v in _comma_list(value)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds such as 0,2,10, not {value!r}") from None
-    if not out or any(x < 0 for x in out):
-        raise argparse.ArgumentTypeError(f"round trips must be >= 0 ms, not {value!r}")
-    return out
+    return parse
 
 
 #: Scenarios that run on their own, outside ``all``: the across-hosts, learning and Python-ceiling
@@ -56,10 +52,6 @@ _ENVS_HELP = (
     "groups of one env; atari 16; mujoco 16,64; contention 8)"
 )
 _STARTS = ["fork", "forkserver", "spawn"]
-#: Options passed to :func:`run_benchmark` as they are, under the same names.
-_SAME_NAMES = ("seconds", "steps", "warmup", "repeat", "seed", "scheduler", "transport", "env_process",
-               "subproc_start_method", "async_context", "eval_episodes", "contention_timesteps", "dashboard",
-               "dashboard_route")  # fmt: skip
 
 #: ``daskvec bench``'s options after --scenario, --vec-envs and --envs: flags and ``add_argument`` keywords.
 _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -78,7 +70,8 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                                    "help": "SubprocVecEnv start method (default: its own, forkserver on Linux)"}),
     (("--async-context",), {"default": None, "choices": _STARTS,
                             "help": "AsyncVectorEnv multiprocessing context (default: its own)"}),
-    (("--timesteps",), {"type": int, "default": 25_000, "help": "PPO timesteps of the training scenario"}),
+    (("--timesteps",), {"type": int, "default": 25_000, "dest": "training_timesteps", "metavar": "TIMESTEPS",
+                        "help": "PPO timesteps of the training scenario"}),
     (("--eval-episodes",), {"type": int, "default": 10, "help": "evaluation episodes after training"}),
     (("--contention-timesteps",), {"type": int, "default": 8192,
                                    "help": "PPO timesteps of the contention scenario (default 8192)"}),
@@ -92,12 +85,12 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--dashboard-route",), {"default": None, "help": "route of the page if it cannot be discovered"}),
     (("--tls",), {"action": "store_true", "help": "instead of the scenarios: the encrypted direct channel vs actor "
                   "calls on a TLS cluster vs the plaintext direct channel (CartPole, --envs, default 8; checkout)"}),
-    (("--rtt",), {"type": _float_list, "default": [0.0, 2.0, 10.0], "metavar": "MS[,MS...]",
+    (("--rtt",), {"type": _number_list(float, "0,2,10", 0), "default": [0.0, 2.0, 10.0], "metavar": "MS[,MS...]",
                   "help": "hosts scenario: round trips the relay adds on each host (default 0,2,10)"}),
     (("--hosts",), {"type": int, "default": 2, "help": "hosts scenario: emulated worker hosts (default 2)"}),
     (("--rollout-steps",), {"type": int, "default": 128,
                             "help": "hosts scenario: PPO n_steps per rollout (default 128)"}),
-    (("--learning-seeds",), {"type": _int_list, "default": [0, 1, 2], "metavar": "S[,S...]",
+    (("--learning-seeds",), {"type": _number_list(int, "0,1,2", 0), "default": [0, 1, 2], "metavar": "S[,S...]",
                              "help": "learning scenarios: seeds (default 0,1,2)"}),
 )  # fmt: skip
 
@@ -114,18 +107,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN])  # fmt: skip
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")  # fmt: skip
-    parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]", help=_ENVS_HELP)
+    parser.add_argument("--envs", type=_number_list(int, "8,64", 1), default=None, metavar="N[,N...]", help=_ENVS_HELP)
     for flags, kwargs in _OPTIONS:
         parser.add_argument(*flags, **kwargs)
 
 
 @contextlib.contextmanager
 def _quiet_logs() -> Iterator[None]:
-    """Raise Dask's and daskvec's loggers to WARNING while the benchmark runs.
-
-    The embedded cluster's scheduler and nannies live in this process; their INFO
-    lines would bury the table.
-    """
+    """Raise Dask's and daskvec's loggers to WARNING while the benchmark runs (the embedded cluster's
+    INFO lines would bury the table)."""
     names = ["distributed", "daskvec"] + [
         n for n in list(logging.root.manager.loggerDict) if n.startswith(("distributed.", "daskvec."))
     ]
@@ -151,15 +141,17 @@ def run(args: argparse.Namespace) -> int:
         reported), 2 for invalid options.
     """
     quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
-    if getattr(args, "tls", False) or any(s in OWN_RUN for s in args.scenario):
-        return _run_in_source(args, quiet)
+    asked = "--tls" if getattr(args, "tls", False) else next((s for s in args.scenario if s in OWN_RUN), None)
     try:
         with quiet:
-            results = run_benchmark(
-                args.scenario, args.vec_envs, n_envs=args.envs, training_timesteps=args.timesteps,
-                out_dir=args.out, plot=not args.no_plot, **{name: getattr(args, name) for name in _SAME_NAMES},
-            )  # fmt: skip
-    except ValueError as e:  # InSourceOnly too: a scenario of the source repository asked of a wheel
+            if asked is not None:  # run by benchmarks/command.py, from a source checkout
+                command = source.module(asked, "command")
+                return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
+            settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if hasattr(args, f.name)}
+            results = run_benchmark(args.scenario, args.vec_envs, n_envs=args.envs, dashboard=args.dashboard,
+                                    dashboard_route=args.dashboard_route, out_dir=args.out, plot=not args.no_plot,
+                                    **settings)  # fmt: skip
+    except ValueError as e:  # invalid options; InSourceOnly: a benchmark of the source repository asked of a wheel
         print(f"daskvec bench: {e}", file=sys.stderr)
         return 2
     print(format_table(results))
@@ -170,22 +162,11 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_in_source(args: argparse.Namespace, quiet: contextlib.AbstractContextManager[None]) -> int:
-    """``--tls`` or a scenario that runs on its own: by ``benchmarks/command.py``, from a source checkout."""
-    asked = "--tls" if getattr(args, "tls", False) else next(s for s in args.scenario if s in OWN_RUN)
-    try:
-        command = source.module(asked, "command")
-    except source.InSourceOnly as e:
-        print(f"daskvec bench: {e}", file=sys.stderr)
-        return 2
-    with quiet:
-        return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``python -m daskvec.bench``."""
-    doc = sys.modules[__package__].__doc__ if __package__ else None  # the package's, as before the split
-    parser = argparse.ArgumentParser(prog="daskvec bench", description=doc.split("\n\n")[0] if doc else None)
+    from daskvec import bench
+
+    parser = argparse.ArgumentParser(prog="daskvec bench", description=(bench.__doc__ or "").split("\n\n")[0])
     add_arguments(parser)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return run(parser.parse_args(argv))

@@ -1,9 +1,4 @@
-"""The benchmark's envs and the seeded actions every vec env of a case steps with.
-
-These are light (numpy and gymnasium only) because Dask workers and subprocesses import
-this module to build them: :class:`BusyEnv` and :class:`ImageEnv` are pickled by
-reference, as ``daskvec.bench.envs.BusyEnv`` and ``daskvec.bench.envs.ImageEnv``.
-"""
+"""The benchmark's envs and seeded actions; light (numpy, gymnasium), as workers import it to build them."""
 
 from __future__ import annotations
 
@@ -13,16 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = [
-    "BusyEnv",
-    "ImageEnv",
-    "action_cycle",
-    "burn_cpu",
-    "busy_loop",
-    "make_atari",
-    "make_envpool",
-    "make_mujoco",
-]
+__all__ = ["BusyEnv", "ImageEnv", "action_cycle", "burn_cpu", "busy_loop", "make_atari", "make_envpool"]
 
 
 def _spin(iterations: int) -> int:
@@ -39,15 +25,9 @@ _SPIN_RATE = [2e7]
 def burn_cpu(seconds: float, since: float | None = None) -> None:
     """Compute until the calling thread has used ``seconds`` of CPU time.
 
-    ``time.thread_time`` counts only this thread's CPU, so the cost of one step is the
-    same whether the env runs alone in a subprocess or next to a Dask worker's event
-    loop thread (``process_time`` would count those threads too), and a preempted
-    step is not cut short as a wall-clock loop would be.
-
-    The work is plain Python arithmetic in chunks, each half of the CPU time left
-    (from a running estimate of the loop's speed), so the clock is read about ten
-    times per millisecond rather than in a tight loop: reading a thread's CPU clock is
-    a system call, and a loop of thousands of them is not what a simulator does.
+    This thread's CPU time (not the process's, not the wall clock): a step costs the same
+    beside a Dask worker's event loop, and a preempted step is not cut short. The clock (a
+    system call) is read after chunks of half the time left, not in a tight loop.
 
     Parameters
     ----------
@@ -97,12 +77,7 @@ class BusyEnv(gym.Env[np.ndarray, np.int64]):
         return self.state.copy(), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """Move the state deterministically with the action, then burn the rest of the step's CPU.
-
-        The state update counts towards ``step_cpu_s``: the whole step costs that much
-        CPU (within a few microseconds), so "ideal" throughput is exactly
-        ``cores / step_cpu_s``.
-        """
+        """Move the state with the action, then burn the rest of ``step_cpu_s`` (ideal: ``cores / step_cpu_s``)."""
         start = time.thread_time()
         self.t += 1
         shift = 0.01 if int(action) == 1 else -0.01
@@ -113,11 +88,7 @@ class BusyEnv(gym.Env[np.ndarray, np.int64]):
 
 
 class ImageEnv(gym.Env[np.ndarray, np.int64]):
-    """An env with 84x84x3 ``uint8`` observations (Atari-sized frames) and a cheap step.
-
-    Each step returns a new array (a seeded base frame XOR the step counter), as a real
-    image env does, so every transport moves a fresh 21 KB frame per env and step.
-    """
+    """An env with fresh 84x84x3 ``uint8`` observations each step (Atari-sized frames) and a cheap step."""
 
     def __init__(self, size: int = 84, horizon: int = 100) -> None:
         self.observation_space = gym.spaces.Box(0, 255, shape=(size, size, 3), dtype=np.uint8)
@@ -144,10 +115,7 @@ class ImageEnv(gym.Env[np.ndarray, np.int64]):
 
 
 def action_cycle(space: gym.Space[Any], n_envs: int, length: int, seed: int) -> np.ndarray:
-    """Pre-generate ``length`` seeded batches of random actions for ``n_envs`` envs.
-
-    Every vec env of a case steps through the same batches in the same order.
-    """
+    """Pre-generate ``length`` seeded batches of random actions for ``n_envs`` envs (every vec env of a case's)."""
     rng = np.random.default_rng(seed)
     if isinstance(space, gym.spaces.Discrete):
         return rng.integers(int(space.start), int(space.start) + int(space.n), size=(length, n_envs), dtype=np.int64)
@@ -159,16 +127,9 @@ def action_cycle(space: gym.Space[Any], n_envs: int, length: int, seed: int) -> 
     return np.stack([np.stack([space.sample() for _ in range(n_envs)]) for _ in range(length)])
 
 
-# --------------------------------------------------------------------------- real workloads
-# Factories of the ``atari`` and ``mujoco`` scenarios, module functions so that workers and
-# subprocesses unpickle them by reference. Their packages are imported when an env is
-# made: this module stays importable without them.
+# The real workloads' factories, unpickled by reference; their packages are imported when an env is made.
 def make_atari(env_id: str = "PongNoFrameskip-v4", frame_stack: int = 0) -> gym.Env[Any, Any]:
-    """An Atari env as SB3's ``make_atari_env`` makes it: ``AtariWrapper`` (84x84 grey, frame skip 4).
-
-    ``frame_stack > 0`` also stacks that many frames on the env itself (Gymnasium's
-    ``FrameStackObservation``), for vec envs without SB3's ``VecFrameStack``.
-    """
+    """An Atari env as SB3's ``make_atari_env`` makes it, stacking ``frame_stack`` frames itself if > 0."""
     import ale_py
     from stable_baselines3.common.atari_wrappers import AtariWrapper
 
@@ -177,11 +138,6 @@ def make_atari(env_id: str = "PongNoFrameskip-v4", frame_stack: int = 0) -> gym.
     if frame_stack:
         env = gym.wrappers.FrameStackObservation(env, frame_stack)
     return env
-
-
-def make_mujoco(env_id: str = "HalfCheetah-v5") -> gym.Env[Any, Any]:
-    """A MuJoCo env from ``gymnasium[mujoco]``."""
-    return gym.make(env_id)
 
 
 def make_envpool(task: str, num_envs: int, seed: int, num_threads: int = 0) -> Any:

@@ -11,26 +11,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["machine_info"]
+__all__ = ["load_average", "machine_info"]
 
 
-_PACKAGES = (
-    "daskvec",
-    "dask",
-    "distributed",
-    "stable-baselines3",
-    "gymnasium",
-    "numpy",
-    "torch",
-    "cloudpickle",
-    "tornado",
-    "bokeh",
-    "psutil",
-    "matplotlib",
-    "ale-py",
-    "mujoco",
-    "envpool",
-)
+_PACKAGES = ("daskvec", "dask", "distributed", "stable-baselines3", "gymnasium", "numpy", "torch", "cloudpickle",
+             "tornado", "bokeh", "psutil", "matplotlib", "ale-py", "mujoco", "envpool")  # fmt: skip
 
 
 def _cpu_model() -> str:
@@ -49,27 +34,26 @@ def _usable_cores() -> int:
 
 
 def _autogroup() -> bool | None:
-    """Whether Linux shares the CPU between sessions first (``sched_autogroup``), ``None`` if unknown.
-
-    With it, every process of one terminal session (a benchmark and all the workers and
-    subprocesses it starts) shares one session's part of a busy machine: a vec env of
-    many processes then gets no more CPU than a single process would.
-    """
+    """Whether Linux shares a busy CPU per session first (``sched_autogroup``: a vec env of many processes
+    then gets one session's part), ``None`` if unknown."""
     with contextlib.suppress(OSError, ValueError):
         return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
     return None
 
 
 def _git_commit() -> str | None:
-    here = Path(__file__).resolve().parent
-    git = shutil.which("git")
-    if git is None:
-        return None
-    try:
-        out = subprocess.run([git, "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    git, here = shutil.which("git"), Path(__file__).resolve().parent
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        if git is not None:
+            out = subprocess.run([git, "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                                 timeout=5)  # fmt: skip
+            return out.stdout.strip() or None if out.returncode == 0 else None
+    return None
+
+
+def load_average() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages, ``None`` where the OS has none."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def machine_info() -> dict[str, Any]:
@@ -84,13 +68,10 @@ def machine_info() -> dict[str, Any]:
     """
     import psutil
 
-    versions: dict[str, str | None] = {}
+    versions: dict[str, str | None] = dict.fromkeys(_PACKAGES)
     for name in _PACKAGES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "cpu": _cpu_model(),
         "cores_logical": os.cpu_count(),
@@ -99,7 +80,7 @@ def machine_info() -> dict[str, Any]:
         "memory_gb": round(psutil.virtual_memory().total / 1024**3, 1),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "load_average": load,
+        "load_average": load_average(),
         "autogroup": _autogroup(),
         "packages": versions,
         "daskvec_commit": _git_commit(),

@@ -23,32 +23,25 @@ _PPO_SCENARIOS = ("training", "contention")
 _TABLE_ONLY = tuple(source.IN_SOURCE)
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
 def _add_ratios(case: dict[str, Any]) -> None:
-    results = case["results"]
-    base = results.get(BASELINE, {})
     if case["scenario"] in _TABLE_ONLY:
         return
-    for res in results.values():
+    base = case["results"].get(BASELINE, {})
+    base_mem = base.get("memory", {}).get("per_env_mb")
+    for res in case["results"].values():
         if "error" in res or "skipped" in res:
             continue
         if case["scenario"] in _PPO_SCENARIOS:
-            ok = "wall_s" in base
-            res["ratio_wall"] = res["wall_s"] / base["wall_s"] if ok else None
-            res["ratio_steps_per_s"] = base["wall_s"] / res["wall_s"] if ok else None
-            res["ratio_mem_per_env"] = (
-                res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
-                if ok and base["memory"]["per_env_mb"] > 0
-                else None
-            )
-            continue
-        ok = "steps_per_s" in base
-        res["ratio_steps_per_s"] = res["steps_per_s"] / base["steps_per_s"] if ok else None
-        res["ratio_ttfs"] = res["ttfs_s"] / base["ttfs_s"] if ok and base["ttfs_s"] > 0 else None
-        res["ratio_mem_per_env"] = (
-            res["memory"]["per_env_mb"] / base["memory"]["per_env_mb"]
-            if ok and base["memory"]["per_env_mb"] > 0
-            else None
-        )
+            res["ratio_wall"] = _ratio(res["wall_s"], base.get("wall_s"))
+            res["ratio_steps_per_s"] = _ratio(base.get("wall_s"), res["wall_s"])
+        else:
+            res["ratio_steps_per_s"] = _ratio(res["steps_per_s"], base.get("steps_per_s"))
+            res["ratio_ttfs"] = _ratio(res["ttfs_s"], base.get("ttfs_s"))
+        res["ratio_mem_per_env"] = _ratio(res["memory"]["per_env_mb"], base_mem)
         if case.get("ideal_steps_per_s"):
             res["fraction_of_ideal"] = res["steps_per_s"] / case["ideal_steps_per_s"]
 
@@ -77,11 +70,7 @@ def write_results(
 
 
 def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    return obj.tolist() if isinstance(obj, np.generic | np.ndarray) else str(obj)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -100,14 +89,12 @@ def format_table(results: dict[str, Any]) -> str:
     for case in results["cases"]:
         if case.get("skipped"):
             lines.append(f"{case['case']:<12} skipped: {case['skipped']}")
-            continue
-        if case["scenario"] in _TABLE_ONLY:
+        elif case["scenario"] in _TABLE_ONLY:
             lines.extend(source.format_case(case))
-            continue
-        lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
-    dash = results.get("dashboard")
-    if dash:
-        lines.append(_dashboard_line(dash))
+        else:
+            lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
+    if results.get("dashboard"):
+        lines.extend(source.format_case(results["dashboard"], "--dashboard"))
     lines.extend(_machine_lines(results))
     return "\n".join(lines)
 
@@ -144,28 +131,14 @@ def _table_row(case: dict[str, Any], kind: str, res: dict[str, Any]) -> str:
     )
 
 
-def _dashboard_line(dash: dict[str, Any]) -> str:
-    """The dashboard open-vs-closed line of :func:`format_table`."""
-    if dash.get("available"):
-        return (
-            f"dashboard ({dash['method']}, {dash['route']}): "
-            f"DaskVecEnv {dash['closed_steps_per_s']:,.0f} env-steps/s "
-            f"page closed, {dash['open_steps_per_s']:,.0f} open ({dash['ratio_open_to_closed']:.2f}x)"
-            + ("" if dash.get("page_connected") else " [page never connected]")
-        )
-    return f"dashboard: not measured ({dash.get('reason') or dash.get('error')})"
-
-
 def _machine_lines(results: dict[str, Any]) -> list[str]:
     """The machine, the load before and after the run, and how to read the table."""
-    lines = []
     m = results["machine"]
-    lines.append(
+    start, end = (m.get("load_average") or [0.0])[0], (results.get("load_average_end") or [0.0])[0]
+    lines = [
         f"machine: {m['cpu']}, {m['cores_usable']} usable cores, {m['memory_gb']} GB, Python {m['python']}, "
         f"load average at start {_fmt((m.get('load_average') or [None])[0], '.2f')}"
-    )
-    start = (m.get("load_average") or [0.0])[0]
-    end = (results.get("load_average_end") or [0.0])[0]
+    ]
     # Only the load before the run says something about other processes: by the end, the
     # 1-min figure is mostly the benchmark's own (64 SubprocVecEnv children, Dask workers).
     if start > 0.5 * (m.get("cores_usable") or 1):
@@ -209,12 +182,8 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
         for j, kind in enumerate(kinds):
             vals = [c["results"].get(kind, {}).get(key) for c in cases]
             heights = [v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else np.nan for v in vals]
-            pos = x - 0.4 + width * (j + 0.5)
-            ax.bar(pos, heights, width, label=LABELS[kind], color=colors[kind])
-            for p, h in zip(pos, heights, strict=True):
-                if np.isfinite(h):
-                    ax.annotate(f"{h:.2g}", (p, h), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
-                                textcoords="offset points")  # fmt: skip
+            bars = ax.bar(x - 0.4 + width * (j + 0.5), heights, width, label=LABELS[kind], color=colors[kind])
+            ax.bar_label(bars, [f"{h:.2g}" if np.isfinite(h) else "" for h in heights], fontsize=7, padding=2)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.set_xticks(x, [c["case"] for c in cases], rotation=20)

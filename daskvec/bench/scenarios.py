@@ -6,12 +6,13 @@ import functools
 import importlib.util
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
-from daskvec.bench.envs import BusyEnv, ImageEnv, make_atari, make_envpool, make_mujoco
+from daskvec.bench.envs import BusyEnv, ImageEnv, make_atari, make_envpool
+from daskvec.bench.machine import _usable_cores
 
 __all__ = [
     "BASELINE",
@@ -51,11 +52,7 @@ LABELS: dict[str, str] = {
 }
 
 #: The modules each workload needs (pip install "daskvec[workloads]").
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "atari": ("ale_py", "cv2"),
-    "mujoco": ("mujoco",),
-    "envpool": ("envpool",),
-}
+_NEEDS: dict[str, tuple[str, ...]] = {"atari": ("ale_py", "cv2"), "mujoco": ("mujoco",), "envpool": ("envpool",)}
 
 
 def missing_packages(what: str) -> list[str]:
@@ -86,21 +83,12 @@ _ACTION_CYCLE = 1024
 
 @dataclass(frozen=True)
 class Case:
-    """One measured configuration: a scenario with an env and a number of envs.
+    """One measured configuration: a scenario with an env (``make``) and a number of envs.
 
-    Attributes
-    ----------
-    make : callable
-        One env's factory, for every kind but those below.
-    make_async : callable, optional
-        The factory ``AsyncVectorEnv`` gets instead (an Atari env stacking its own frames,
-        since Gymnasium has no ``VecFrameStack``).
-    frame_stack : int
-        ``VecFrameStack(n)`` around the SB3 vec envs (0: none).
-    envpool_task : str, optional
-        The EnvPool task of the same workload, for the EnvPool kinds.
-    python_ideal : bool
-        Report the Python ideal: cores x DummyVecEnv's single-process rate of the same run.
+    ``make_async`` is the factory ``AsyncVectorEnv`` gets instead (stacking its own frames:
+    Gymnasium has no ``VecFrameStack``), ``frame_stack`` the ``VecFrameStack`` around the SB3
+    vec envs (0: none), ``envpool_task`` the EnvPool kinds' task; ``python_ideal`` reports
+    cores x DummyVecEnv's rate of the same run.
     """
 
     scenario: str
@@ -113,19 +101,6 @@ class Case:
     envpool_task: str | None = None
     python_ideal: bool = False
 
-    def envpool_fns(self, seed: int, groups: int, threads: int) -> list[Callable[[], Any]]:
-        """``groups`` EnvPool factories sharing this case's envs, each with ``threads`` threads."""
-        assert self.envpool_task is not None
-        sizes = [self.n_envs // groups + (1 if k < self.n_envs % groups else 0) for k in range(groups)]
-        starts = [sum(sizes[:k]) for k in range(groups)]
-        return [functools.partial(make_envpool, self.envpool_task, n, seed + start, threads)
-                for n, start in zip(sizes, starts, strict=True) if n]  # fmt: skip
-
-
-def envpool_groups(n_envs: int, cores: int) -> int:
-    """How many EnvPool groups ``dask-envpool`` makes: one per core, at most one per 4 envs."""
-    return max(1, min(cores, math.ceil(n_envs / 4)))
-
 
 def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Case]:
     if scenario == "atari":
@@ -134,26 +109,26 @@ def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Cas
                      make_async=functools.partial(make_atari, "PongNoFrameskip-v4", 4), frame_stack=4,
                      envpool_task="Pong-v5", python_ideal=True) for n in sizes]  # fmt: skip
     if scenario == "mujoco":
-        cheetah = functools.partial(make_mujoco, "HalfCheetah-v5")
+        cheetah = functools.partial(gym.make, "HalfCheetah-v5")
         return [Case(scenario, f"mujoco-{n}", "HalfCheetah-v5", int(n), cheetah, envpool_task="HalfCheetah-v5",
                      python_ideal=True) for n in sizes]  # fmt: skip
-    if scenario == "light":
-        make: Callable[[], gym.Env[Any, Any]] = functools.partial(gym.make, "CartPole-v1")
-        env = "CartPole-v1"
-    elif scenario == "heavy":
-        make = functools.partial(BusyEnv, step_cpu_s=heavy_step_s)
-        env = f"BusyEnv ({heavy_step_s * 1e3:g} ms CPU/step)"
-    elif scenario == "images":
-        make = ImageEnv
-        env = "ImageEnv (84x84x3 uint8)"
-    else:
+    envs: dict[str, tuple[str, Callable[[], gym.Env[Any, Any]]]] = {
+        "light": ("CartPole-v1", functools.partial(gym.make, "CartPole-v1")),
+        "heavy": (f"BusyEnv ({heavy_step_s * 1e3:g} ms CPU/step)", functools.partial(BusyEnv, step_cpu_s=heavy_step_s)),
+        "images": ("ImageEnv (84x84x3 uint8)", ImageEnv),
+    }
+    if scenario not in envs:
         raise ValueError(f"no stepping case for scenario {scenario!r}")
-    return [Case(scenario, f"{scenario}-{n}", env, int(n), make) for n in sizes]
+    return [Case(scenario, f"{scenario}-{n}", envs[scenario][0], int(n), envs[scenario][1]) for n in sizes]
 
 
 @dataclass
 class Options:
-    """Settings of one benchmark run (see :func:`run_benchmark`)."""
+    """Settings of one benchmark run: ``daskvec bench``'s options of the same names (docs/benchmark.md).
+
+    Besides them: ``training_timesteps`` (``--timesteps``), ``heavy_step_s`` (CPU seconds per
+    step of the heavy scenario's env) and ``cores`` (default: this process's CPU affinity).
+    """
 
     seconds: float = 2.0
     steps: int | None = None
@@ -168,11 +143,15 @@ class Options:
     heavy_step_s: float = 1e-3
     training_timesteps: int = 25_000
     eval_episodes: int = 10
-    cores: int = 1
+    cores: int = field(default_factory=_usable_cores)
     contention_timesteps: int = 8192
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def __post_init__(self) -> None:
+        if self.transport not in ("auto", "direct", "actor"):
+            raise ValueError(f"transport must be 'auto', 'direct' or 'actor', not {self.transport!r}")
+        steps, seconds = self.steps, self.seconds
+        if (steps is None and seconds <= 0) or (steps is not None and steps < 1) or self.warmup < 0 or self.repeat < 1:
+            raise ValueError("seconds (or steps) and repeat must be positive and warmup non-negative")
 
     def dask_kwargs(self) -> dict[str, Any]:
         """The ``DaskVecEnv`` options these settings ask for."""
@@ -180,37 +159,40 @@ class Options:
 
 
 def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case | None = None) -> Any:
-    """Build the vec env of ``kind`` for ``fns`` (for the EnvPool kinds, ``case``'s EnvPool task)."""
+    """Build the vec env of ``kind`` for ``fns`` (for the EnvPool kinds, ``case``'s EnvPool task).
+
+    Each kind's package is imported here, when it is used: an import during a measurement
+    would count as that vec env's memory.
+    """
     if kind in ENVPOOL_KINDS:
-        if case is None or case.envpool_task is None:
+        task, n = (case.envpool_task, case.n_envs) if case is not None else (None, len(fns))
+        if task is None:
             raise ValueError(f"{kind} needs a case with an EnvPool task")
         if kind == "envpool":
-            return make_envpool(case.envpool_task, case.n_envs, opts.seed, opts.cores)
+            return make_envpool(task, n, opts.seed, opts.cores)
+        # dask-envpool: one EnvPool per core, at most one per 4 envs, sharing the cores' threads
+        groups = max(1, min(opts.cores, math.ceil(n / 4)))
+        sizes = [n // groups + (1 if k < n % groups else 0) for k in range(groups)]
+        threads = max(1, opts.cores // groups)
+        vector_fns = [functools.partial(make_envpool, task, size, opts.seed + sum(sizes[:k]), threads)
+                      for k, size in enumerate(sizes) if size]  # fmt: skip
         from daskvec.vec_env import DaskVecEnv
 
-        groups = envpool_groups(case.n_envs, opts.cores)
-        vector_fns = case.envpool_fns(opts.seed, groups, max(1, opts.cores // groups))
         return DaskVecEnv.from_vector_envs(vector_fns, **opts.dask_kwargs())
     if kind == "async":
         if case is not None and case.make_async is not None:
             fns = [case.make_async] * len(fns)
         return gym.vector.AsyncVectorEnv(fns, context=opts.async_context, shared_memory=True)
-    if kind == "dummy":
-        from stable_baselines3.common.vec_env import DummyVecEnv
+    if kind not in VEC_ENVS:
+        raise ValueError(f"unknown vec env {kind!r}; choose from {VEC_ENVS}")
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
+    if kind == "dummy":
         venv: Any = DummyVecEnv(fns)
     elif kind == "subproc":
-        from stable_baselines3.common.vec_env import SubprocVecEnv
-
         venv = SubprocVecEnv(fns, start_method=opts.subproc_start_method)
-    elif kind == "dask":
+    else:
         from daskvec.vec_env import DaskVecEnv
 
         venv = DaskVecEnv(fns, **opts.dask_kwargs())
-    else:
-        raise ValueError(f"unknown vec env {kind!r}; choose from {VEC_ENVS}")
-    if case is not None and case.frame_stack:
-        from stable_baselines3.common.vec_env import VecFrameStack
-
-        venv = VecFrameStack(venv, case.frame_stack)
-    return venv
+    return VecFrameStack(venv, case.frame_stack) if case is not None and case.frame_stack else venv

@@ -1,11 +1,8 @@
-"""The scenarios that live in the source repository's ``benchmarks/``, not in the installed package.
+"""The benchmarks that live in the source repository's ``benchmarks/``, which the wheel leaves out.
 
-The package holds the benchmark users run (:data:`~daskvec.bench.scenarios.SCENARIOS`
-but these). The others need root, a browser or daskvec's internals, or measure daskvec
-against itself; they live in ``benchmarks/`` at the top of the repository, which the
-wheel leaves out. In a source checkout (an editable install) ``benchmarks/`` is beside
-the package and ``daskvec bench`` runs them from there; from an installed wheel, asking
-for one raises :class:`InSourceOnly`, which says where it lives and how to run it.
+In a source checkout (an editable install) ``benchmarks/`` is beside the package and
+``daskvec bench`` runs them from there; from an installed wheel, asking for one raises
+:class:`InSourceOnly`, which says where it lives and how to run it.
 """
 
 from __future__ import annotations
@@ -56,10 +53,9 @@ def require(asked: str) -> None:
 
 
 def module(asked: str, name: str | None = None) -> ModuleType:
-    """Import ``benchmarks.<name>`` (default: the module of ``asked`` in :data:`IN_SOURCE`) from the checkout.
+    """Import ``benchmarks.<name>`` (default: ``asked``'s in :data:`IN_SOURCE`) from the checkout.
 
-    The repository's root goes on ``sys.path`` (at the end), where the processes this
-    one starts (the embedded cluster's workers) find it too.
+    The repository's root goes at the end of ``sys.path``, where the embedded cluster's workers find it too.
     """
     require(asked)
     where = benchmarks_dir()
@@ -73,9 +69,10 @@ def module(asked: str, name: str | None = None) -> ModuleType:
     return mod
 
 
-def format_case(case: dict[str, Any]) -> list[str]:
-    """Table lines of a case of a scenario in ``benchmarks/`` (by its own module, when it is here)."""
+def format_case(case: dict[str, Any], asked: str | None = None) -> list[str]:
+    """Table lines of a case of a scenario in ``benchmarks/`` (or of ``asked``'s entry, by its own module)."""
+    asked = asked or case["scenario"]
     try:
-        return list(module(case["scenario"]).format_case(case))
+        return list(module(asked).format_case(case))
     except InSourceOnly:
-        return [f"{case['case']:<12} (a benchmark of the source repository: its figures are in the JSON)"]
+        return [f"{case.get('case', asked):<12} (a benchmark of the source repository: its figures are in the JSON)"]
