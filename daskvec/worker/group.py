@@ -695,7 +695,7 @@ class EnvGroup:
         return EnvFailure(remote_error(exc, None, self.worker_address))
 
     def _reset_vector(
-        self, seeds: list[int | None], options: list[dict[str, Any]], user: bool, mask: Sequence[bool] | None
+        self, seeds: list[int | None], options: list[dict[str, Any] | None], user: bool, mask: Sequence[bool] | None
     ) -> ResetReply:
         """:meth:`reset` for a group made of one vectorized env."""
         vec = self.vector
