@@ -22,7 +22,7 @@ CONDA_TO_PYPI = {
     "python-build": "build",
 }
 #: extras a conda user gets (all of them: the environment is for developing daskvec)
-EXTRAS = ("dashboard", "jobqueue", "bench", "notebooks", "test", "zoo", "tensorboard", "docs", "release")
+EXTRAS = ("dashboard", "jobqueue", "bench", "workloads", "notebooks", "test", "zoo", "tensorboard", "docs", "release")
 #: conda packages with no pyproject entry, and why
 CONDA_ONLY = {
     "python": "the interpreter (checked against requires-python)",
