@@ -472,7 +472,7 @@ def test_across_hosts_goals_and_table() -> None:
 
 def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:
     def fig(steps: float, per_collection: float) -> dict[str, Any]:
-        return {"steps_per_s": steps, "step_waits_per_collection": per_collection}
+        return {"steps_per_s": steps, "step_waits_per_collection": per_collection, "collect_s": 1.0, "train_s": 2.0}
 
     return {"sac": {"dask": fig(sac, waits), "sb3": fig(sac / (1 + rtt), 16.0)},
             "cnn": {"dask": fig(cnn, waits), "sb3": fig(cnn / (1 + rtt), 64.0)}}  # fmt: skip
@@ -497,7 +497,7 @@ def test_across_hosts_learning_goals_and_table() -> None:
 
     res = results(row(0, 1000.0, 400.0), row(2, 950.0, 390.0), row(10, 800.0, 200.0))
     assert res["rows"][2]["learning"]["sac"]["dask"]["vs_0ms"] == pytest.approx(0.8)
-    assert res["rows"][2]["learning"]["cnn"]["sb3"]["vs_0ms"] == pytest.approx(1 / 11)
+    assert res["rows"][2]["learning"]["cnn"]["sb3"]["vs_0ms"] == pytest.approx(200 / 11 / 400)
     goals = res["goals"]
     assert goals["daskSAC_at_10ms_ge_0.7_of_0ms"] and not goals["daskPPO_cnn_at_10ms_ge_0.7_of_0ms"]
     assert goals["dask_learners_at_most_one_step_wait_per_collection"]
@@ -529,6 +529,7 @@ def test_across_hosts_learning_cases_collect_on_the_workers(client2: Any) -> Non
         assert (dask["worker_collections"], dask["step_waits_per_collection"]) == (collections, 0), (case, dask)
         assert (sb3["worker_collections"], sb3["step_waits_per_collection"]) == (0, per), (case, sb3)
         assert dask["steps_per_s"] > 0 and sb3["steps_per_s"] > 0 and len(dask["samples"]) == 1
+        assert dask["collect_s"] > 0 and sb3["collect_s"] > 0 and (case == "sac" or sb3["train_s"] > 0)
         assert got[case]["restarts"] == 0
 
 

@@ -197,8 +197,8 @@ def run_across_hosts(
         raise RuntimeError(f"the across-hosts benchmark cannot run here: {reason}")
     if not rtts or any(r < 0 for r in rtts):
         raise ValueError(f"rtts must be non-negative round trips in ms, not {list(rtts)!r}")
-    opts = {"seconds": seconds, "n_steps": n_steps, "rollouts": rollouts, "timesteps": timesteps, "seed": seed,
-            "repeat": repeat, "learning": learning or LearnSettings()}  # fmt: skip
+    opts: dict[str, Any] = {"seconds": seconds, "n_steps": n_steps, "rollouts": rollouts, "timesteps": timesteps,
+                            "seed": seed, "repeat": repeat, "learning": learning or LearnSettings()}  # fmt: skip
     started = time.perf_counter()
     results: dict[str, Any] = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),

@@ -137,17 +137,32 @@ def _rollout_counter() -> Any:
     return RolloutCounter()
 
 
+def _timed(fn: Callable[..., Any], spent: dict[str, float], key: str) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - t0
+
+    return timed
+
+
 def _learn(make_model: Callable[[], Any], venv: Any, timesteps: int) -> dict[str, Any]:
-    """One ``learn(timesteps)`` of a fresh model: env-steps/s (training included) and the round-trip counts."""
+    """One ``learn(timesteps)`` of a fresh model: env-steps/s (training included), the seconds spent in
+    ``collect_rollouts`` and in ``train``, and the round-trip counts."""
     model = make_model()
     counter = _rollout_counter()
+    spent = {"collect_s": 0.0, "train_s": 0.0}
+    model.collect_rollouts = _timed(model.collect_rollouts, spent, "collect_s")
+    model.train = _timed(model.train, spent, "train_s")
     with StepWaitSpy(venv) as spy:
         t0 = time.perf_counter()
         model.learn(timesteps, callback=counter)
         wall = time.perf_counter() - t0
     return {"steps_per_s": model.num_timesteps / wall, "wall_s": wall, "timesteps": model.num_timesteps,
             "collections": counter.rollouts, "vec_steps": counter.vec_steps, "step_waits": spy.step_waits,
-            "worker_collections": spy.collections}  # fmt: skip
+            "worker_collections": spy.collections, **spent}  # fmt: skip
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,6 +170,8 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "steps_per_s": float(statistics.median(r["steps_per_s"] for r in runs)),
         "samples": [r["steps_per_s"] for r in runs],
+        "collect_s": float(statistics.median(r["collect_s"] for r in runs)),
+        "train_s": float(statistics.median(r["train_s"] for r in runs)),
         "step_waits_per_collection": max(r["step_waits"] / max(r["collections"], 1) for r in runs),
         "worker_collections": min(r["worker_collections"] for r in runs),
         "collections": max(r["collections"] for r in runs),
@@ -184,7 +201,8 @@ def measure_learning(
     -------
     dict
         ``sac`` and ``cnn``, each with ``dask`` and ``sb3``: ``steps_per_s`` (median),
-        ``samples``, ``step_waits_per_collection`` (the worst run's),
+        ``samples``, ``collect_s`` and ``train_s`` (medians of the seconds in
+        ``collect_rollouts`` and ``train``), ``step_waits_per_collection`` (the worst run's),
         ``worker_collections``, ``collections`` and ``vec_steps``.
     """
     from stable_baselines3 import PPO, SAC
@@ -195,11 +213,24 @@ def measure_learning(
 
     s = settings
     image = image or image_env()[0]
-    sac_kw = {"train_freq": (s.sac_freq, "step"), "gradient_steps": s.sac_freq, "buffer_size": s.sac_timesteps,
-              "seed": seed, "device": "cpu", "verbose": 0}  # fmt: skip
-    ppo_kw = {"n_steps": s.cnn_n_steps, "batch_size": s.cnn_batch_size, "n_epochs": s.cnn_epochs, "seed": seed,
-              "device": "cpu", "verbose": 0}  # fmt: skip
+    sac_kw: dict[str, Any] = {
+        "train_freq": (s.sac_freq, "step"),
+        "gradient_steps": s.sac_freq,
+        "buffer_size": s.sac_timesteps,
+        "seed": seed,
+        "device": "cpu",
+        "verbose": 0,
+    }
+    ppo_kw: dict[str, Any] = {
+        "n_steps": s.cnn_n_steps,
+        "batch_size": s.cnn_batch_size,
+        "n_epochs": s.cnn_epochs,
+        "seed": seed,
+        "device": "cpu",
+        "verbose": 0,
+    }
     out: dict[str, Any] = {}
+    cls: Any
     with DaskVecEnv([pendulum] * s.sac_envs, client) as env:
         runs: dict[str, list[dict[str, Any]]] = {"dask": [], "sb3": []}
         for _ in range(repeat):
@@ -258,5 +289,9 @@ def format_learning_table(results: dict[str, Any]) -> list[str]:
                 cells.append(f"{fig['steps_per_s']:>8,.0f} {fig.get('vs_0ms', float('nan')):>6.2f}")
                 waits.append(f"{fig['step_waits_per_collection']:g}")
         lines.append(f"{r['rtt_ms']:>6g} {' '.join(cells)}  {' '.join(waits)}")
-    lines.append("(DVE: over the synchronous DaskVecEnv)")
+    lines.append("(DVE: over the synchronous DaskVecEnv) seconds in collect_rollouts / train (medians):")
+    for r in rows:
+        split = [f"{r['learning'][c][k]['collect_s']:.2f}/{r['learning'][c][k]['train_s']:.2f}"
+                 for c in ("sac", "cnn") for k in ("dask", "sb3")]  # fmt: skip
+        lines.append(f"{r['rtt_ms']:>6g} " + " ".join(f"{x:>15}" for x in split))
     return lines
