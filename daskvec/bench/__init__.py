@@ -44,7 +44,9 @@ Two scenarios run on their own, outside ``all`` (issue 13):
 - ``hosts`` (:mod:`~daskvec.bench.across`, on :mod:`~daskvec.bench.hosts`): emulated
   worker hosts (network namespaces, a delay relay; needs root and iptables) with a
   round-trip sweep (``--rtt 0,2,10``): synchronous stepping, PPO's loop, worker-side
-  rollouts (:class:`~daskvec.sb3.DaskPPO`), PPO vs DaskPPO wall time, the relay's cost;
+  rollouts (:class:`~daskvec.sb3.DaskPPO`), PPO vs DaskPPO wall time, the relay's cost,
+  and (:mod:`~daskvec.bench.across_learn`) ``learn()`` throughput of DaskSAC and of DaskPPO
+  with ``CnnPolicy`` on frame stacks beside SAC and PPO over the synchronous vec env;
 - ``learning`` (:mod:`~daskvec.bench.learning`): DaskPPO against PPO with DummyVecEnv on
   CartPole-v1, 8 envs, 50,000 timesteps, seeds 0, 1, 2.
 
