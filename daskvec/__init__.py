@@ -8,7 +8,8 @@ The package is laid out by role:
   :mod:`daskvec.pool` (the env groups),
   :mod:`daskvec.directory` (workers and placement), :mod:`daskvec.buffers` (SB3's
   step results), :mod:`daskvec.recovery` (lost and moved envs, restarts);
-- :mod:`daskvec.protocol` -- the commands and replies shared by client and worker;
+- :mod:`daskvec.protocol` -- the commands and replies shared by client and worker
+  (:mod:`daskvec.rollout_protocol`: those of worker-side rollouts);
 - :mod:`daskvec.transport` -- how requests and replies travel between them;
 - :mod:`daskvec.worker` -- worker side, the env-group actor and the env process;
 - :mod:`daskvec.cluster` and :mod:`daskvec.jobqueue` -- clients, clusters, batch jobs;

@@ -21,7 +21,7 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 from stable_baselines3.common.vec_env.util import dict_to_obs, obs_space_info
 
-from daskvec.pool import Group
+from daskvec.groups import Group
 from daskvec.protocol import INFO_KEY, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.worker import obs_shape

@@ -327,6 +327,64 @@ def _summary(algo: str, steps: int, elapsed: float, stepping: _Stepping) -> str:
     )
 
 
+def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[Any], bool]:
+    """The model ``daskvec train`` trains on ``env``, its callbacks, and whether it shows a progress bar.
+
+    SB3's progress bar needs a terminal (and rich and tqdm); with the output going to a
+    file or a pipe, progress lines are printed instead (:class:`_ProgressLines`).
+    :class:`~daskvec.sb3_logger.DaskVecEnvMetrics` records the vec env's figures in SB3's logger.
+    """
+    from stable_baselines3.common.callbacks import ConvertCallback
+
+    from daskvec.sb3_logger import DaskVecEnvMetrics
+
+    model = _algo_class(args.algo)(
+        _policy_for(env.observation_space),
+        env,
+        device=args.device,
+        seed=args.seed,
+        verbose=0,
+        tensorboard_log=args.tensorboard_log,
+        **dict(args.hyperparams),
+    )
+    terminal = sys.stdout.isatty()
+    bar = not args.no_progress and terminal and _has_progress_bar_deps()
+    callbacks: list[Any] = [DaskVecEnvMetrics()]
+    if not args.no_progress and not terminal:
+        callbacks.append(ConvertCallback(_ProgressLines(env, args.timesteps, args.progress_interval)))
+    return model, callbacks, bar
+
+
+def _report_training(args: argparse.Namespace, model: Any, elapsed: float, stepping: _Stepping) -> None:
+    """After training: the rates (:func:`_summary`), where the TensorBoard logs are, the model saved."""
+    print(_summary(args.algo, int(model.num_timesteps), elapsed, stepping), flush=True)
+    if args.tensorboard_log:
+        print(f"TensorBoard logs (daskvec/* figures included) in {args.tensorboard_log}", flush=True)
+    if args.save:
+        model.save(args.save)
+        saved = args.save if str(args.save).endswith(".zip") else f"{args.save}.zip"
+        print(f"saved model to {saved}", flush=True)
+
+
+def _evaluate(args: argparse.Namespace, model: Any) -> None:
+    """Print the trained model's mean reward over ``args.eval_episodes`` episodes of a local env."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    eval_env = Monitor(gym.make(args.env_id))
+    eval_env.reset(seed=args.seed + 10_000)
+    try:
+        rewards, _ = evaluate_policy(
+            model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True, return_episode_rewards=True
+        )
+    finally:
+        eval_env.close()
+    mean, std = float(np.mean(rewards)), float(np.std(rewards))
+    print(f"evaluated mean reward: {mean:.2f} +/- {std:.2f} over {args.eval_episodes} episodes", flush=True)
+
+
 def train(args: argparse.Namespace) -> int:
     """Run ``daskvec train`` with parsed ``args``; returns the exit code.
 
@@ -341,12 +399,8 @@ def train(args: argparse.Namespace) -> int:
         0 on success, 1 when the env or the cluster could not be set up.
     """
     import gymnasium as gym
-    import numpy as np
-    from stable_baselines3.common.callbacks import ConvertCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
 
-    from daskvec.sb3_logger import DaskVecEnvMetrics
     from daskvec.vec_env import DaskVecEnv
 
     if args.tensorboard_log and not _has_tensorboard():
@@ -378,47 +432,15 @@ def train(args: argparse.Namespace) -> int:
         )
         for line in env.dashboard.lines():  # only links to pages the scheduler serves
             print(line, flush=True)
-        algo = _algo_class(args.algo)
-        model = algo(
-            _policy_for(env.observation_space),
-            env,
-            device=args.device,
-            seed=args.seed,
-            verbose=0,
-            tensorboard_log=args.tensorboard_log,
-            **dict(args.hyperparams),
-        )
-        terminal = sys.stdout.isatty()
-        bar = not args.no_progress and terminal and _has_progress_bar_deps()
-        callbacks: list[Any] = [DaskVecEnvMetrics()]
-        if not args.no_progress and not terminal:
-            callbacks.append(ConvertCallback(_ProgressLines(env, args.timesteps, args.progress_interval)))
+        model, callbacks, bar = _model_and_callbacks(args, env)
         before = _Stepping.of(env)
         start = time.perf_counter()
         model.learn(total_timesteps=args.timesteps, progress_bar=bar, callback=callbacks)
-        elapsed = time.perf_counter() - start
-        print(_summary(args.algo, int(model.num_timesteps), elapsed, _Stepping.of(env).since(before)), flush=True)
-        if args.tensorboard_log:
-            print(f"TensorBoard logs (daskvec/* figures included) in {args.tensorboard_log}", flush=True)
-        if args.save:
-            model.save(args.save)
-            saved = args.save if str(args.save).endswith(".zip") else f"{args.save}.zip"
-            print(f"saved model to {saved}", flush=True)
+        _report_training(args, model, time.perf_counter() - start, _Stepping.of(env).since(before))
     finally:
         env.close()
     if args.eval_episodes > 0:
-        from stable_baselines3.common.monitor import Monitor
-
-        eval_env = Monitor(gym.make(args.env_id))
-        eval_env.reset(seed=args.seed + 10_000)
-        try:
-            rewards, _ = evaluate_policy(
-                model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True, return_episode_rewards=True
-            )
-        finally:
-            eval_env.close()
-        mean, std = float(np.mean(rewards)), float(np.std(rewards))
-        print(f"evaluated mean reward: {mean:.2f} +/- {std:.2f} over {args.eval_episodes} episodes", flush=True)
+        _evaluate(args, model)
     return 0
 
 

@@ -399,7 +399,30 @@ def _installed_dirs() -> tuple[str, ...]:
     return tuple(_stdlib_and_site_dirs())
 
 
+@functools.lru_cache(maxsize=256)
+def _holds_installed_packages(directory: str) -> bool:
+    """Whether ``directory`` is where a tool installed packages: it holds ``*.dist-info`` metadata.
+
+    pip (``--target``, ``--prefix``, a venv), conda and HPC module systems write each
+    distribution's ``.dist-info`` beside its packages; a user's own code, and a project
+    installed in editable mode (whose metadata lives in the environment's site-packages),
+    has none beside it.
+    """
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
+    except OSError:
+        return False
+
+
 def _is_local_module(mod: types.ModuleType) -> bool:
+    """Whether ``mod`` (a top-level module) is user code, to be sent to the workers by value.
+
+    Not user code: the standard library and the interpreter's site directories, and any
+    directory on ``PYTHONPATH`` (or a ``.pth`` line) that holds installed distributions,
+    such as ``pip install --target`` makes: their modules (NumPy, Gymnasium, cloudpickle
+    itself) are imported on the workers as on the client.
+    """
     name = mod.__name__
     if name == "__main__" or name.split(".")[0] in ("daskvec", "distributed", "dask"):
         return False
@@ -409,7 +432,15 @@ def _is_local_module(mod: types.ModuleType) -> bool:
     if not path:
         return False
     real = os.path.realpath(path)
-    return not any(real.startswith(d + os.sep) for d in _installed_dirs())
+    if any(real.startswith(d + os.sep) for d in _installed_dirs()):
+        return False
+    # a package's directory is its __init__'s; the directory it sits in is the import root
+    root = (
+        os.path.dirname(os.path.dirname(real))
+        if os.path.basename(real).startswith("__init__.")
+        else os.path.dirname(real)
+    )
+    return not _holds_installed_packages(root)
 
 
 def _top_local_modules() -> list[types.ModuleType]:

@@ -35,9 +35,10 @@ from daskvec import cluster as _cluster
 from daskvec.dashboard_link import DashboardLinks, check_dashboard
 from daskvec.directory import WorkerDirectory
 from daskvec.errors import DaskVecEnvError, SchedulerLostError, WorkerLostError
+from daskvec.groups import Group, StepOutcome
 from daskvec.metrics import CLIENT_TOPIC, ClientTimer, client_message
 from daskvec.options import Options, check_env_fns
-from daskvec.pool import Group, GroupPool, StepOutcome
+from daskvec.pool import GroupPool
 from daskvec.protocol import Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild, Recovery, RestartLedger
 
@@ -573,7 +574,10 @@ class Engine:
 
 
 class EngineViews:
-    """What every face shows of its engine: restarts, transport, dashboard links (a mixin)."""
+    """What every face shows of its engine: restarts, time split, transport, dashboard links (a mixin).
+
+    A face dropped without ``close()`` warns (``ResourceWarning``) and closes its channels.
+    """
 
     _engine: Engine
 
@@ -591,6 +595,11 @@ class EngineViews:
     def restart_log(self) -> list[dict[str, Any]]:
         """One entry per rebuilt env: index, reason, worker, step."""
         return self._engine.ledger.log
+
+    @property
+    def timer(self) -> ClientTimer:
+        """The client's time split (:class:`daskvec.metrics.ClientTimer`), read by the dashboard and SB3's logger."""
+        return self._engine.timer
 
     @property
     def transport(self) -> str:
@@ -618,3 +627,11 @@ class EngineViews:
         """Link to the Dask dashboard of the cluster holding the envs; ``None`` (and
         :attr:`dashboard` says why) when its scheduler serves no dashboard pages."""
         return self.dashboard.status
+
+    def __del__(self) -> None:
+        # a face dropped unclosed: say so, and close its channels (the workers release the groups)
+        if not getattr(self, "closed", True):
+            warnings.warn(f"{type(self).__name__} was not closed; call its close()", ResourceWarning, stacklevel=1)
+            for g in self._engine.groups:
+                with contextlib.suppress(Exception):
+                    g.channel.close()

@@ -234,6 +234,20 @@ class JobPlan:
             return 120.0
         return float(min(120.0, max(5.0, 0.25 * (self.lifetime_s - self.stagger_s))))
 
+    def summary(self) -> str:
+        """The plan in words, for log lines.
+
+        Returns
+        -------
+        str
+            E.g. ``"2 jobs x 8 worker processes (8 cores, 8.00GiB each), worker lifetime 3120s +/- 180s"``.
+        """
+        lifetime = f", worker lifetime {self.lifetime_s:.0f}s +/- {self.stagger_s:.0f}s" if self.lifetime_s else ""
+        return (
+            f"{self.jobs} jobs x {self.processes_per_job} worker processes "
+            f"({self.cores_per_job} cores, {self.memory_per_job} each){lifetime}"
+        )
+
     def vec_env_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`~daskvec.DaskVecEnv` that match this plan.
 
@@ -435,26 +449,26 @@ def cluster_for_envs(
     """
     keep_ctrl_c()
     _refuse_planned_kwargs(cluster_kwargs)
-    system = _config_name(cluster_cls, cluster_kwargs)
-    plan = plan_jobs(n_envs, envs_per_worker=envs_per_worker, processes_per_job=processes_per_job,
-                     threads_per_process=threads_per_process, memory_per_worker=memory_per_worker,
-                     walltime=_walltime(system, cluster_kwargs), system=system, lifetime_margin=lifetime_margin,
-                     lifetime_stagger=lifetime_stagger, resource=resource)  # fmt: skip
+    system, plan = _plan_for(cluster_cls, n_envs, cluster_kwargs, envs_per_worker=envs_per_worker,
+                             processes_per_job=processes_per_job, threads_per_process=threads_per_process,
+                             memory_per_worker=memory_per_worker, lifetime_margin=lifetime_margin,
+                             lifetime_stagger=lifetime_stagger, resource=resource)  # fmt: skip
     if scaling not in _SCALINGS:
         raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
     kwargs = _cluster_kwargs(plan, system, cluster_kwargs)
     cluster = _start_scaled(cluster_cls, kwargs, plan, scaling=scaling, spare_jobs=spare_jobs, wait=wait)
-    logger.info(
-        "%s for %d envs: %d jobs x %d worker processes (%d cores, %s each)%s",
-        type(cluster).__name__,
-        n_envs,
-        plan.jobs,
-        plan.processes_per_job,
-        plan.cores_per_job,
-        plan.memory_per_job,
-        f", worker lifetime {plan.lifetime_s:.0f}s +/- {plan.stagger_s:.0f}s" if plan.lifetime_s else "",
-    )
+    logger.info("%s for %d envs: %s", type(cluster).__name__, n_envs, plan.summary())
     return cluster, plan
+
+
+def _plan_for(cluster_cls: Any, n_envs: int, cluster_kwargs: dict[str, Any], **sizes: Any) -> tuple[str, JobPlan]:
+    """The batch system's config name, and :func:`plan_jobs` for ``n_envs`` envs on it.
+
+    The walltime is ``cluster_kwargs``' ``walltime``, else that of dask-jobqueue's config
+    for the system; ``sizes`` are :func:`plan_jobs`' other keywords.
+    """
+    system = _config_name(cluster_cls, cluster_kwargs)
+    return system, plan_jobs(n_envs, walltime=_walltime(system, cluster_kwargs), system=system, **sizes)
 
 
 def _cluster_kwargs(plan: JobPlan, system: str, cluster_kwargs: dict[str, Any]) -> dict[str, Any]:

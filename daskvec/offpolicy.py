@@ -14,7 +14,7 @@ group, through the same machinery as :class:`~daskvec.sb3.DaskPPO`'s rollouts
    random that loop draws on the client for the ``k`` steps (the uniform actions before
    ``learning_starts``, DQN's epsilon draws at the rate its schedule gives at each step
    and its uniform actions, the action noise's normal draws) into an
-   :class:`~daskvec.protocol.ExplorationPlan`;
+   :class:`~daskvec.rollout_protocol.ExplorationPlan`;
 2. the actor (SAC's and TD3's ``policy.actor``, DQN's ``policy.q_net``) is shipped and
    each group runs its envs for ``k`` steps (:mod:`daskvec.worker.offpolicy`);
 3. the client replays the ``k`` steps as SB3's loop would have taken them: the VecEnv
@@ -60,8 +60,8 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 from stable_baselines3.sac.policies import SACPolicy
 from stable_baselines3.td3.policies import TD3Policy
 
-from daskvec.protocol import ExplorationPlan, OUNoise
 from daskvec.rollout import PolicyShipment, Rollout
+from daskvec.rollout_protocol import ExplorationPlan, OUNoise
 from daskvec.sb3 import RolloutPlan, _Frozen, _Replay, plan_rollouts
 from daskvec.worker.offpolicy import explore_actions
 

@@ -3,11 +3,12 @@
 :class:`GroupPool` creates groups on the workers a layout names (trying other workers
 when one vanishes), connects each with a channel (:mod:`daskvec.transport`), sends one
 request per group and collects the replies. A step is collected as one
-:class:`StepOutcome`: the replies taken in, the env errors, and the groups lost or
+:class:`~daskvec.groups.StepOutcome`: the replies taken in, the env errors, and the groups lost or
 timed out. Collecting can be interrupted (Ctrl-C) and resumed: replies already read are
 not waited for again. The pool knows nothing of Stable-Baselines3; what a reply means
 for the learner is :mod:`daskvec.buffers`' business, and what to do about a lost group
-is :mod:`daskvec.recovery`'s.
+is :mod:`daskvec.recovery`'s. The records it keeps (each group's :class:`~daskvec.groups.Group`
+handle, a :class:`~daskvec.groups.Flight` per request in flight) are in :mod:`daskvec.groups`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,6 +28,7 @@ from daskvec import _dask
 from daskvec import cluster as _cluster
 from daskvec.directory import Layout, WorkerDirectory
 from daskvec.errors import DaskVecEnvError, EnvBuildError, SchedulerLostError, WorkerLostError
+from daskvec.groups import Flight, Group, StepOutcome, answers
 from daskvec.options import Options
 from daskvec.protocol import GROUP_KEY_PREFIX, Command, GroupDesc, GroupSpec, RemoteError, StepReply
 from daskvec.transport import (
@@ -44,7 +45,7 @@ from daskvec.worker import EnvGroup, EnvHost, factory_name, kill_env_process
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Flight", "Group", "GroupPool", "RestartHistory", "StepOutcome"]
+__all__ = ["GroupPool", "RestartHistory"]
 
 #: Seconds the client waits for a group beyond ``timeout``: a factory that hangs is
 #: reported by the worker (which gives up after ``timeout``), not taken for a dead worker.
@@ -57,131 +58,6 @@ class RestartHistory(Protocol):
     restart_counts: np.ndarray
     error_restarts: np.ndarray
     base_seeds: list[int | None]
-
-
-@dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
-class Group:
-    """Client-side handle of one env-group actor.
-
-    Attributes
-    ----------
-    gid : str
-        The actor's Dask key.
-    env_indices : list of int
-        The vec-env indices of its envs, in order.
-    worker : str
-        Address of the worker holding it.
-    desc : GroupDesc
-        What the group said about itself when created (spaces, deadline, pids, ...).
-    index : slice or numpy.ndarray
-        Its rows in the vec env's buffers.
-    """
-
-    gid: str
-    env_indices: list[int]
-    worker: str
-    future: Any
-    actor: Any
-    channel: Channel
-    desc: GroupDesc
-    index: Any = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.renumber(self.env_indices)
-
-    def renumber(self, env_indices: list[int]) -> None:
-        """Give the group its envs' indices (a vector group's are known once it is built)."""
-        self.env_indices = idx = list(env_indices)
-        if idx == list(range(idx[0], idx[0] + len(idx))):
-            self.index = slice(idx[0], idx[0] + len(idx))
-        else:
-            self.index = np.asarray(idx, dtype=np.intp)
-
-    @property
-    def deadline(self) -> float | None:
-        """When the group's worker is expected to leave (epoch seconds), if known."""
-        return self.desc.deadline
-
-    @property
-    def env_pid(self) -> int | None:
-        """Id of the process stepping the envs (the env process, or the worker's own)."""
-        return self.desc.pid if self.desc.env_pid is None else self.desc.env_pid
-
-    @property
-    def transport(self) -> str:
-        """``"direct/unix"``, ``"direct/tcp"`` or ``"actor"``."""
-        family = getattr(self.channel, "family", None)
-        return self.channel.kind if family is None else f"{self.channel.kind}/{family}"
-
-
-@dataclass
-class StepOutcome:
-    """What a step's collection found, besides the replies already taken in.
-
-    Attributes
-    ----------
-    errors : list of (Group, RemoteError)
-        Groups whose envs raised (with ``on_env_error="raise"``).
-    lost : dict of Group to exception
-        Groups that did not answer: ``ChannelError`` (worker gone) or ``TimeoutError``.
-    env_seconds : float
-        The longest time a group spent in its envs.
-    """
-
-    errors: list[tuple[Group, RemoteError]] = field(default_factory=list)
-    lost: dict[Group, BaseException] = field(default_factory=dict)
-    env_seconds: float = 0.0
-
-    def file(self, g: Group, reply: Any, kind: type = StepReply) -> bool:
-        """File ``g``'s reply: True for a ``kind`` reply (its env time counted), else an error or a loss."""
-        if _answers(reply, kind):
-            self.env_seconds = max(self.env_seconds, getattr(reply, "env_seconds", 0.0))
-            return True
-        if isinstance(reply, RemoteError):
-            self.errors.append((g, reply))
-        elif isinstance(reply, BaseException):
-            self.lost[g] = reply
-        else:
-            raise RuntimeError(f"daskvec internal error: unexpected reply {type(reply).__name__}")
-        return False
-
-
-def _answers(reply: Any, kind: type) -> bool:
-    """Whether ``reply`` is the answer a request expected (``kind``: ``object`` for any value), not an error."""
-    return isinstance(reply, kind) and not isinstance(reply, (RemoteError, BaseException))
-
-
-#: The reply of a group in flight that has not been read yet.
-_WAITING: Any = object()
-
-
-@dataclass(eq=False)
-class Flight:
-    """A request in flight to one group.
-
-    Attributes
-    ----------
-    group : Group
-        Where it went.
-    sent : float
-        When (``time.monotonic()``); a partial-batch step times out from then.
-    batch : bool
-        Part of a request sent to several groups at once and collected as one outcome
-        (:meth:`GroupPool.collect`); otherwise a group stepping on its own
-        (:meth:`GroupPool.collect_ready`).
-    reply : object
-        The reply, the exception that stands for it, or ``_WAITING`` until it is read.
-    """
-
-    group: Group
-    sent: float
-    batch: bool
-    reply: Any = _WAITING
-
-    @property
-    def waiting(self) -> bool:
-        """Whether its reply has not been read yet."""
-        return self.reply is _WAITING
 
 
 class GroupPool:
@@ -634,7 +510,7 @@ class GroupPool:
         try:
             for f in waiting:
                 f.reply = next(replies)
-                if _answers(f.reply, kind):
+                if answers(f.reply, kind):
                     take(f.group, f.reply)
         except BaseException:
             if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain

@@ -29,8 +29,9 @@ import numpy as np
 from daskvec import _dask
 from daskvec.directory import Layout, WorkerDirectory
 from daskvec.errors import StepTimeoutError, WorkerLostError
+from daskvec.groups import Group
 from daskvec.options import Options
-from daskvec.pool import Group, GroupPool
+from daskvec.pool import GroupPool
 from daskvec.protocol import Command, ResetReply, restart_seed, unwrap
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,22 @@ def plan_rebalance(
         return MovePlan()
     if whole_groups:
         return _plan_whole(groups, workers)
+    targets = _targets(groups, workers)
+    if targets is None:
+        return MovePlan()
+    load, target = targets
+    plan = MovePlan()
+    outgoing = _take_surplus(groups, load, target, plan, envs_per_actor)
+    _place(outgoing, workers, load, target, plan, envs_per_actor)
+    plan.old.sort()
+    check_plan(groups, plan)
+    return plan
+
+
+def _targets(
+    groups: Sequence[tuple[Sequence[int], str]], workers: Sequence[str]
+) -> tuple[dict[str, int], dict[str, int]] | None:
+    """Each worker's envs now and its target (:func:`plan_rebalance`); ``None`` when already balanced."""
     n_envs = sum(len(indices) for indices, _ in groups)
     load: dict[str, int] = dict.fromkeys(workers, 0)
     for indices, w in groups:
@@ -130,14 +147,27 @@ def plan_rebalance(
     if all(w in load for w in eligible) and all(w in eligible for w in load):
         spread = max(load.values()) - min(load.values())
         if spread <= 1:
-            return MovePlan()
+            return None
     base, extra = divmod(n_envs, len(eligible))
     by_load = sorted(eligible, key=lambda w: (-load[w], eligible.index(w)))
     target = {w: base + (1 if k < extra else 0) for k, w in enumerate(by_load)}
     for w in load:
         target.setdefault(w, 0)
+    return load, target
 
-    plan = MovePlan()
+
+def _take_surplus(
+    groups: Sequence[tuple[Sequence[int], str]],
+    load: dict[str, int],
+    target: dict[str, int],
+    plan: MovePlan,
+    envs_per_actor: int | None,
+) -> list[int]:
+    """The envs that leave the workers above their target, the groups they leave added to ``plan``.
+
+    Whole groups leave where they fit in a worker's surplus; otherwise the smallest group
+    larger than what is left is split, and its remaining envs are rebuilt in place.
+    """
     outgoing: list[int] = []
     for w in sorted(load, key=lambda a: -load[a]):
         surplus = load[w] - target[w]
@@ -158,7 +188,19 @@ def plan_rebalance(
             plan.old.append(pos)
             plan.layout.extend((chunk, w) for chunk in _chunks(keep, envs_per_actor))
             outgoing.extend(move)
-    for w in eligible:
+    return outgoing
+
+
+def _place(
+    outgoing: list[int],
+    workers: Sequence[str],
+    load: dict[str, int],
+    target: dict[str, int],
+    plan: MovePlan,
+    envs_per_actor: int | None,
+) -> None:
+    """Put the ``outgoing`` envs on the workers below their target, as new groups of ``plan``."""
+    for w in workers:
         need = target[w] - load.get(w, 0)
         if need <= 0:
             continue
@@ -167,9 +209,6 @@ def plan_rebalance(
             plan.layout.extend((sorted(chunk), w) for chunk in _chunks(sorted(take), envs_per_actor))
     if outgoing:  # cannot happen when targets add up; keep the envs rather than lose them
         raise RuntimeError(f"daskvec internal error: envs {outgoing} have no destination in a rebalance plan")
-    plan.old.sort()
-    check_plan(groups, plan)
-    return plan
 
 
 def _plan_whole(groups: Sequence[tuple[Sequence[int], str]], workers: Sequence[str]) -> MovePlan:

@@ -1,7 +1,7 @@
 """Client side of worker-side rollouts: the policy shipped, and the fragments brought back.
 
 :meth:`daskvec.DaskVecEnv.collect_rollout` sends every env group one
-:class:`~daskvec.protocol.RolloutRequest` (built by :class:`PolicyShipment`), collects
+:class:`~daskvec.rollout_protocol.RolloutRequest` (built by :class:`PolicyShipment`), collects
 the groups' fragments as one outcome of the pool, recollects the fragment of a group
 whose worker was lost (from the rebuilt envs), and returns a :class:`Rollout`: the
 fragments stitched into ``(n_steps, n_envs)`` arrays in env order. Collecting is the
@@ -37,9 +37,10 @@ import numpy as np
 from daskvec.cluster import dumps_by_value
 from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
-from daskvec.pool import Group, StepOutcome
-from daskvec.protocol import Command, ExplorationPlan, ObsPipeline, RolloutReply, RolloutRequest, StepReply
+from daskvec.groups import Group, StepOutcome
+from daskvec.protocol import Command, StepReply
 from daskvec.recovery import Rebuild
+from daskvec.rollout_protocol import ExplorationPlan, ObsPipeline, RolloutReply, RolloutRequest
 
 logger = logging.getLogger(__name__)
 

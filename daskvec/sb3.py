@@ -52,8 +52,8 @@ from stable_baselines3.common.vec_env import (
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 from stable_baselines3.common.vec_env.stacked_observations import StackedObservations
 
-from daskvec.protocol import FrameStack, ObsPipeline, TransposeImage
 from daskvec.rollout import PolicyShipment, Rollout
+from daskvec.rollout_protocol import FrameStack, ObsPipeline, TransposeImage
 from daskvec.sb3_logger import DaskVecEnvMetrics
 from daskvec.vec_env import DaskVecEnv
 from daskvec.worker.obs import normalize_obs

@@ -8,6 +8,7 @@ This module is the SB3 face and the state machine; the work is done by the parts
 - :mod:`daskvec.pool` -- the env-group actors: create, call, step, collect, tear down;
 - :mod:`daskvec.buffers` -- replies into SB3's observations, rewards, dones and infos;
 - :mod:`daskvec.recovery` -- lost, hung and moved groups, and the restart ledger.
+- :mod:`daskvec.vec_rollouts` -- worker-side rollouts (``collect_rollout``, ``replay``), a mixin.
 
 A step goes one way: :meth:`DaskVecEnv.step_async` sends each group its actions
 through the pool; :meth:`DaskVecEnv.step_wait` collects the replies into the buffers
@@ -18,7 +19,6 @@ truncations), and only then raises an env's error, if one raised.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import logging
 import warnings
@@ -32,13 +32,13 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from daskvec.buffers import StepBuffers
 from daskvec.display import notebook_html
 from daskvec.engine import Engine, EngineViews
-from daskvec.errors import AlreadySteppingError, ClosedEnvError, DaskVecEnvError, NoAsyncCallError
+from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
+from daskvec.groups import Group
 from daskvec.masks import ActionMaskCache
 from daskvec.options import Options, ignore_subproc_keywords
-from daskvec.pool import Group
-from daskvec.protocol import MASK_METHOD, Command, ExplorationPlan, ObsPipeline, ResetReply, StepReply
+from daskvec.protocol import MASK_METHOD, Command, ResetReply, StepReply
 from daskvec.recovery import Rebuild
-from daskvec.rollout import PolicyShipment, Rollout, collect_rollout
+from daskvec.vec_rollouts import RolloutMethods
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class _Sink:
             self.masks.take(r.group.env_indices, r.reply.masks)
 
 
-class DaskVecEnv(EngineViews, VecEnv):
+class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
     """A vectorized environment whose envs live as Dask actors on a cluster.
 
     A drop-in replacement for ``SubprocVecEnv``: the same step, reset, seeding and
@@ -319,11 +319,6 @@ class DaskVecEnv(EngineViews, VecEnv):
         return self._state
 
     @property
-    def timer(self) -> Any:
-        """The client's time split (:class:`daskvec.metrics.ClientTimer`), read by the dashboard and SB3's logger."""
-        return self._engine.timer
-
-    @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called (or construction failed)."""
         return getattr(self, "_state", State.CLOSED) is State.CLOSED
@@ -332,6 +327,10 @@ class DaskVecEnv(EngineViews, VecEnv):
     def waiting(self) -> bool:
         """Whether a step was sent with :meth:`step_async` and not collected yet."""
         return self._state is State.STEPPING
+
+    def _enter_idle(self) -> None:
+        """Raise unless the vec env is idle (the check of the rollout methods, :mod:`daskvec.vec_rollouts`)."""
+        self._enter(State.IDLE)
 
     def _enter(self, *allowed: State) -> None:
         """Check that the vec env may be called now; raise the typed error that says why not."""
@@ -390,84 +389,6 @@ class DaskVecEnv(EngineViews, VecEnv):
                 self._state = State.IDLE
         self._buffers.apply_deferred()
         engine.finish(outcome, self._sink)
-        return self._buffers.result()
-
-    def collect_rollout(
-        self,
-        shipment: PolicyShipment,
-        n_steps: int,
-        obs_norm: dict[str, Any] | None = None,
-        obs_pipeline: ObsPipeline | None = None,
-        explore: ExplorationPlan | None = None,
-    ) -> Rollout:
-        """Run every env for ``n_steps`` on its worker with the shipped policy (issue 13).
-
-        Each group runs its envs with a CPU copy of the policy and returns its fragment
-        in one reply; a group whose worker is lost is rebuilt elsewhere and its envs
-        report a truncation at the first step, the rest of the rollout recollected from
-        the rebuilt envs. The rollout is then replayed step by step with
-        :meth:`replay`, which updates this vec env as ``step_wait`` would.
-        :class:`daskvec.sb3.DaskPPO` does all of this; see docs/rollouts.md.
-
-        Parameters
-        ----------
-        shipment : PolicyShipment
-            The policy, updated with the learner's current weights.
-        n_steps : int
-            Vec-steps to collect.
-        obs_norm : dict, optional
-            Frozen ``VecNormalize`` observation statistics (``mean``, ``var``,
-            ``epsilon``, ``clip``) that the policy's inputs are normalised with.
-        obs_pipeline : ObsPipeline, optional
-            The frame stacks and transpositions of the VecEnv wrappers between this vec
-            env and the policy, with their state (a row per env), for the workers to
-            repeat.
-        explore : ExplorationPlan, optional
-            An off-policy collection (:class:`daskvec.sb3.DaskSAC` and the others): the
-            shipped policy is the learner's actor, and the actions explore as the plan
-            says (see :mod:`daskvec.worker.offpolicy` and docs/offpolicy.md).
-
-        Returns
-        -------
-        Rollout
-            Waiting at most ``step_timeout * n_steps`` for the fragments.
-        """
-        self._enter(State.IDLE)
-        if not self._buffers.has_obs:
-            raise DaskVecEnvError("reset() the vec env before collecting a rollout")
-        if int(n_steps) < 1:
-            raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
-        if explore is not None and explore.n_steps != int(n_steps):
-            raise ValueError(f"an exploration plan of {explore.n_steps} steps for a collection of {n_steps}")
-        engine = self._engine
-        if obs_pipeline is not None:
-            # envs rebuilt since the last step report their truncation in the first one: their stacks restart there
-            obs_pipeline = dataclasses.replace(obs_pipeline, restack=tuple(self._buffers.deferred_envs()))
-        request = shipment.request(int(n_steps), obs_norm, obs_pipeline, explore)
-        command = Command.ROLLOUT if explore is None else Command.OFF_POLICY
-        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps, command)
-        rollout = Rollout.stitch(collected, self._buffers.observations(), self.action_space)
-        engine.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
-        engine.maybe_publish()
-        return rollout
-
-    def replay(self, rollout: Rollout, t: int) -> VecEnvStepReturn:
-        """Write step ``t`` of a rollout into this vec env and return what ``step_wait`` would have.
-
-        Steps must be replayed in order, once each: the envs rebuilt during the
-        rollout report their truncation at step 0, those moved at its end at the last.
-        """
-        self._enter(State.IDLE)
-        take = self._engine.taker(self._sink)
-        for part in rollout.parts:
-            if t >= part.offset:
-                take(part.group, part.reply.step(t - part.offset))
-        if t == 0:
-            self._buffers.apply_deferred()
-            self._sink.report_rebuilds(rollout.rebuilds, "step")
-        if t == rollout.n_steps - 1:
-            self._sink.report_rebuilds(rollout.moved, "step")
-        self._engine.recovery.steps += 1
         return self._buffers.result()
 
     # ------------------------------------------------------------------ per-env calls
@@ -564,27 +485,9 @@ class DaskVecEnv(EngineViews, VecEnv):
     @property
     def groups(self) -> list[dict[str, Any]]:
         """One entry per env-group actor: its env indices, worker, transport, the
-        worker's ``deadline`` (epoch seconds at which its lifetime or batch job ends, or
-        ``None``) and ``env_pid``, the id of the process stepping the envs on the
-        worker's host (the worker's own with ``env_process=False``). ``socket`` says
-        how a direct channel is connected: ``"unix"`` when the group runs on the
-        client's machine, ``"tcp"`` otherwise, ``"tls"`` on a secured cluster (``None`` for
-        the actor transport). ``busy_poll`` is the budget the group's worker applies to its
-        channel."""
-        return [
-            {
-                "envs": list(g.env_indices),
-                "worker": g.worker,
-                "transport": g.channel.kind,
-                "socket": getattr(g.channel, "family", None),
-                "key": g.gid,
-                "deadline": g.deadline,
-                "env_pid": g.env_pid,
-                "pid": g.desc.pid,
-                "busy_poll": g.desc.busy_poll,
-            }
-            for g in self._groups
-        ]
+        worker's ``deadline`` and ``env_pid``, ``socket`` and ``busy_poll``, as
+        :meth:`daskvec.groups.Group.describe` tells them."""
+        return [g.describe() for g in self._groups]
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -597,13 +500,6 @@ class DaskVecEnv(EngineViews, VecEnv):
             return
         self._state = State.CLOSED
         self._engine.close()
-
-    def __del__(self) -> None:
-        if not self.closed:
-            warnings.warn("DaskVecEnv was not closed; call env.close()", ResourceWarning, stacklevel=1)
-            for g in self._groups:
-                with contextlib.suppress(Exception):
-                    g.channel.close()
 
     def __enter__(self) -> DaskVecEnv:
         return self

@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import create_empty_array
 
-from daskvec.pool import Group
+from daskvec.groups import Group
 from daskvec.protocol import INFO_KEY, Autoreset, PerEnv, ResetReply, StepReply
 from daskvec.recovery import Rebuild
 from daskvec.worker import obs_shape

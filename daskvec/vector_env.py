@@ -4,7 +4,8 @@ The second face of daskvec, beside :class:`~daskvec.vec_env.DaskVecEnv`: both ow
 :class:`~daskvec.engine.Engine` (options, client, worker directory, group pool,
 recovery), so groups, transports, fault handling and the dashboard are the same. This
 module holds the Gymnasium API and its state; :mod:`daskvec.vector_buffers` builds
-Gymnasium's results and infos.
+Gymnasium's results and infos, and :mod:`daskvec.vector_layout` checks its arguments and
+lays its batches out.
 
 It is a drop-in for ``gymnasium.vector.AsyncVectorEnv`` (and ``SyncVectorEnv``): the
 same results, spaces (``observation_mode``, per-env tuples for spaces that do not
@@ -18,30 +19,28 @@ returns the first ``batch_size`` envs (whole groups) to finish, with their ids i
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import enum
 import functools
 import logging
 import math
 import multiprocessing
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_differing_spaces, batch_space, iterate
+from gymnasium.vector.utils import batch_space
 
+from daskvec import vector_layout as layout
 from daskvec.engine import Engine, EngineViews
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
+from daskvec.groups import Group
 from daskvec.options import Options, check_env_fns, ignore_async_keywords
-from daskvec.pool import Group, GroupPool
+from daskvec.pool import GroupPool
 from daskvec.protocol import Autoreset, Command, ResetReply
 from daskvec.vector_buffers import VectorBuffers
-from daskvec.worker.envs import ARRAY_SPACES
 
 logger = logging.getLogger(__name__)
 
@@ -61,85 +60,6 @@ class _State(enum.Enum):
 
 #: The states in which a call of AsyncVectorEnv's split API is pending.
 _WAITING = (_State.WAITING_RESET, _State.WAITING_STEP, _State.WAITING_CALL)
-
-
-def _autoreset_mode(value: Any) -> AutoresetMode:
-    if isinstance(value, AutoresetMode):
-        return value
-    with contextlib.suppress(ValueError, KeyError, TypeError):
-        return AutoresetMode(value) if value in {m.value for m in AutoresetMode} else AutoresetMode[str(value)]
-    raise ValueError(
-        f"autoreset_mode must be a gymnasium.vector.AutoresetMode or one of "
-        f"{[m.value for m in AutoresetMode]}, not {value!r}"
-    )
-
-
-def _batch_size(value: Any, n_envs: int) -> int:
-    if value is None:
-        return n_envs
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= n_envs:
-        raise ValueError(f"batch_size must be an int from 1 to num_envs={n_envs}, not {value!r}")
-    return int(value)
-
-
-class _ObservationMode:
-    """Gymnasium's ``observation_mode``, checked against the envs' spaces (an engine ``SpaceCheck``).
-
-    ``"same"``: every env has env 0's observation space, batched with ``batch_space``;
-    ``"different"``: spaces of one shape and dtype, batched with ``batch_differing_spaces``;
-    ``(batched space, single space)``: given, each env's of the single one's shape and
-    dtype. Action spaces must always be equal. The errors are ``SyncVectorEnv``'s.
-    """
-
-    def __init__(self, mode: Any) -> None:
-        if isinstance(mode, tuple) and len(mode) == 2:
-            if not isinstance(mode[0], gym.Space) or not isinstance(mode[1], gym.Space):
-                raise TypeError(
-                    f"Expected both elements of observation_mode to be Spaces, got {type(mode[0])} and {type(mode[1])}"
-                )
-        elif not (isinstance(mode, str) and mode in ("same", "different")):
-            raise ValueError(
-                "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
-                f"observation space, actual got {mode}"
-            )
-        self.mode = mode
-        self.batched: gym.Space[Any] | None = None  # the vec env's observation_space, once checked
-
-    def __call__(
-        self, observation_spaces: list[gym.Space[Any]], action_spaces: list[gym.Space[Any]]
-    ) -> tuple[gym.Space[Any], gym.Space[Any]]:
-        mode, n = self.mode, len(observation_spaces)
-        if isinstance(mode, tuple):
-            batched, single = mode
-        elif mode == "same":
-            single = observation_spaces[0]
-            batched = batch_space(single, n)
-        else:
-            single = observation_spaces[0]
-            batched = batch_differing_spaces(observation_spaces)
-        for space in observation_spaces:
-            if mode == "same":
-                if space != single:
-                    raise RuntimeError(
-                        "DaskVectorEnv(..., observation_mode='same') however the sub-environments observation spaces "
-                        f"are not equivalent. single_observation_space={single}, sub-environment "
-                        f"observation_space={space}. If this is intentional, use `observation_mode='different'` "
-                        "instead."
-                    )
-            elif not is_space_dtype_shape_equiv(space, single):
-                raise RuntimeError(
-                    "DaskVectorEnv(..., observation_mode='different' or custom space) however the sub-environments "
-                    "observation spaces do not share a common shape and dtype, "
-                    f"single_observation_space={single}, sub-environment observation space={space}"
-                )
-        for space in action_spaces:
-            if space != action_spaces[0]:
-                raise RuntimeError(
-                    f"Sub-environment action space doesn't make the `single_action_space`, action_space={space}, "
-                    f"single_action_space={action_spaces[0]}"
-                )
-        self.batched = batched
-        return single, action_spaces[0]
 
 
 class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
@@ -234,10 +154,10 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     ) -> None:
         self._state = _State.CLOSED  # until construction succeeds; makes close()/__del__ safe
         self.closed = True
-        mode = _autoreset_mode(autoreset_mode)
-        layout = _ObservationMode(observation_mode)
+        mode = layout.autoreset_mode(autoreset_mode)
+        spaces = layout.ObservationMode(observation_mode)
         n_envs = len(check_env_fns(env_fns))
-        self.batch_size = _batch_size(batch_size, n_envs)
+        self.batch_size = layout.batch_size(batch_size, n_envs)
         if self.batch_size < n_envs and options.get("envs_per_actor") is None:
             options["envs_per_actor"] = math.gcd(self.batch_size, n_envs)
         checked = Options.create(**options)
@@ -251,9 +171,9 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             cluster_kwargs,
             autoreset=mode.value,
             always_pass_options=True,  # Gymnasium's reset(seed=..., options=...), options or not
-            check_spaces=layout,
+            check_spaces=spaces,
         )
-        self._attach(engine, mode, layout, observation_mode, copy)
+        self._attach(engine, mode, spaces, observation_mode, copy)
 
     @classmethod
     def from_vector_envs(
@@ -298,9 +218,9 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self = cls.__new__(cls)
         self._state = _State.CLOSED  # until construction succeeds; makes close()/__del__ safe
         self.closed = True
-        mode = _autoreset_mode(autoreset_mode)
+        mode = layout.autoreset_mode(autoreset_mode)
         checked = Options.create(**options)
-        layout = _ObservationMode("same")
+        spaces = layout.ObservationMode("same")
         engine = Engine(
             vector_env_fns,
             client,
@@ -308,22 +228,22 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             cluster_kwargs,
             autoreset=mode.value,
             always_pass_options=True,
-            check_spaces=layout,
+            check_spaces=spaces,
             vector=True,
         )
         try:
-            self.batch_size = _batch_size(batch_size, engine.n_envs)
+            self.batch_size = layout.batch_size(batch_size, engine.n_envs)
         except ValueError:
             engine.close()
             raise
-        self._attach(engine, mode, layout, "same", True)
+        self._attach(engine, mode, spaces, "same", True)
         return self
 
     def _attach(
         self,
         engine: Engine,
         mode: AutoresetMode,
-        layout: _ObservationMode,
+        spaces: layout.ObservationMode,
         observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]],
         copy: bool,
     ) -> None:
@@ -337,8 +257,8 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self.copy = bool(copy)
         self.single_observation_space = engine.observation_space
         self.single_action_space = engine.action_space
-        assert layout.batched is not None
-        self.observation_space = layout.batched
+        assert spaces.batched is not None
+        self.observation_space = spaces.batched
         self.action_space = batch_space(self.single_action_space, n_envs)
         self._buffers = VectorBuffers(self.single_observation_space, n_envs, Autoreset(mode.value), self.copy)
         self._ready: list[Group] = []  # async_reset(): groups whose first observations recv() hands out
@@ -457,19 +377,9 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             After ``close()`` (daskvec's :class:`~daskvec.errors.ClosedEnvError`).
         """
         self._check_running()
-        seeds = self._seeds(seed)
+        seeds = layout.seeds(seed, self.num_envs)
         self._check_idle("reset_async", end="")
-        env_options = dict(options) if options is not None else None
-        mask = None
-        if env_options is not None and "reset_mask" in env_options:
-            mask = self._reset_mask_of(env_options.pop("reset_mask"))
-        if mask is not None and mask.all():
-            mask = None  # every env: a full reset, as the first one may be
-        if mask is not None and not self._buffers.has_obs:
-            raise ValueError(
-                "options['reset_mask'] leaves envs out before their first reset, when they have no observation: "
-                "reset every env once (no mask, or a mask of only True) first"
-            )
+        env_options, mask = layout.reset_options(options, self.num_envs, self._buffers.has_obs)
         engine = self._engine
         if mask is None and engine.recovery.moves_planned:
             engine.report(self._buffers, "reset", engine.recovery.migrate)
@@ -509,34 +419,6 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     def _take_reset(self, group: Group, reply: ResetReply, mask: np.ndarray | None) -> None:
         self._buffers.take_reset(group, reply, None if mask is None else mask.tolist())
 
-    def _seeds(self, seed: Any) -> list[int | None]:
-        if seed is None:
-            return [None] * self.num_envs
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            return [int(seed) + i for i in range(self.num_envs)]
-        seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise ValueError(
-                f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
-                f"but got length={len(seeds)}."
-            )
-        return seeds
-
-    def _reset_mask_of(self, mask: Any) -> np.ndarray:
-        """``options["reset_mask"]``, checked with ``SyncVectorEnv``'s errors."""
-        if not isinstance(mask, np.ndarray):
-            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-        if mask.shape != (self.num_envs,):
-            raise ValueError(f"`options['reset_mask']` must have shape `({self.num_envs},)`, got {mask.shape}")
-        if mask.dtype != np.bool_:
-            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-        if not mask.any():
-            raise ValueError(
-                "`options['reset_mask']` must contain a boolean array with at least one True value, "
-                f"got reset_mask={mask}"
-            )
-        return mask
-
     # ------------------------------------------------------------------ step
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its action and wait for all of them; see ``SyncVectorEnv.step``."""
@@ -552,7 +434,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             Another call is pending (daskvec's :class:`~daskvec.errors.AlreadySteppingError`).
         """
         self._check_idle("step_async")
-        rows = self._action_rows(actions, self.num_envs)
+        rows = layout.action_rows(actions, self.num_envs, self.single_action_space, self.action_space)
         self._engine.send_step(rows)
         self._state = _State.WAITING_STEP
 
@@ -584,20 +466,6 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         engine.finish(outcome, self._buffers)
         return self._buffers.result()
 
-    def _action_rows(self, actions: Any, n: int) -> Any:
-        """The actions as something indexable by row: an array for array spaces, else a list of per-env actions."""
-        space = self.single_action_space
-        if isinstance(space, ARRAY_SPACES):
-            rows: Any = actions if isinstance(actions, np.ndarray) else np.asarray(actions)
-        else:  # Dict, Tuple, and spaces Gymnasium batches as a tuple of per-env actions
-            batched = self.action_space if n == self.num_envs else batch_space(space, n)
-            rows = list(iterate(batched, actions))
-        if len(rows) != n:
-            raise ValueError(
-                f"got {len(rows)} actions for {n} envs; pass one action per env (first axis of length {n})"
-            )
-        return rows
-
     # ------------------------------------------------------------------ partial batches
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Send actions to the envs ``env_ids`` (default: all) without waiting (EnvPool's ``send``).
@@ -611,24 +479,9 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self._check_running()
         pool = self._pool
         ids = self._engine.positions(None if env_ids is None else [int(i) for i in np.asarray(env_ids).ravel()])
-        rows = self._action_rows(actions, len(ids))
-        row_of = {i: k for k, i in enumerate(ids)}
-        if len(row_of) != len(ids):
-            raise ValueError(f"env_ids {ids} name an env twice; name each env once")
+        rows = layout.action_rows(actions, len(ids), self.single_action_space)
         busy = {g.gid for g in pool.in_flight()} | {g.gid for g in self._ready}
-        sends: dict[Group, Any] = {}
-        for g in pool.groups:
-            wanted = [i in row_of for i in g.env_indices]
-            if not any(wanted):
-                continue
-            if not all(wanted) or g.gid in busy:
-                why = "has a step in flight" if all(wanted) else "is only partly named"
-                raise ValueError(
-                    f"the group of envs {g.env_indices} {why}; send() takes whole groups with no step in "
-                    "flight: pass the info['env_id'] of a batch that recv() returned"
-                )
-            positions = [row_of[i] for i in g.env_indices]
-            sends[g] = rows[np.asarray(positions)] if isinstance(rows, np.ndarray) else [rows[k] for k in positions]
+        sends = layout.group_rows(pool.groups, ids, rows, busy)
         self._engine.timer.sent()
         pool.send_groups(sends)
         self._state = _State.ASYNC
@@ -776,13 +629,6 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self._state = _State.CLOSED
         if hasattr(self, "_engine"):
             self._engine.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            warnings.warn("DaskVectorEnv was not closed; call envs.close()", ResourceWarning, stacklevel=1)
-            for g in self._engine.groups:
-                with contextlib.suppress(Exception):
-                    g.channel.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._engine.groups)} groups"

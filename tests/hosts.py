@@ -1,7 +1,7 @@
-"""Emulated worker hosts for the tests: :mod:`daskvec.bench.hosts`, plus the ``emulated`` fixture.
+"""Emulated worker hosts for the tests: :mod:`benchmarks.hosts`, plus the ``emulated`` fixture.
 
 The hosts themselves (namespaces, bridge, delay relay, partitions) live in
-:mod:`daskvec.bench.hosts`, shared with the across-hosts benchmark; this file adds the
+:mod:`benchmarks.hosts`, shared with the across-hosts benchmark; this file adds the
 pytest fixture that starts them and removes them after each test.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from daskvec.bench.hosts import (
+from benchmarks.hosts import (
     EmulatedHosts,
     Host,
     emulated_hosts,

@@ -328,7 +328,7 @@ def test_contention_structure(cluster2: Any, tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_ceiling_splits_the_step_time(tmp_path: Path) -> None:
     """``--scenario ceiling``: the ideal from DummyVecEnv, each variant's time split and CPU per vec-step."""
-    from daskvec.bench.ceiling import format_ceiling_table, run_ceiling
+    from benchmarks.ceiling import format_ceiling_table, run_ceiling
     from daskvec.bench.scenarios import missing_packages
 
     if missing_packages("mujoco"):
@@ -384,6 +384,44 @@ def test_groups_scenario_structure(cluster2: Any, tmp_path: Path) -> None:
     table = bench.format_table(results)
     assert table.count("us/group") == 4 and "groups-3" in table and "2 groups on" in table
     assert bench.run_benchmark(scenarios=["groups"], vec_envs=["dummy"], n_envs=[2], steps=1)["cases"] == []
+
+
+def test_the_benchmarks_of_the_source_repository_are_found_beside_the_package() -> None:
+    """A checkout (this one, an editable install): ``benchmarks/`` beside ``daskvec/``, its modules from there."""
+    from daskvec.bench import source
+
+    root = Path(__file__).resolve().parent.parent
+    assert source.benchmarks_dir() == root / "benchmarks"
+    assert Path(str(source.module("hosts").__file__)) == root / "benchmarks" / "across.py"
+    assert Path(str(source.module("--tls", "command").__file__)) == root / "benchmarks" / "command.py"
+
+
+def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without ``benchmarks/`` beside the package: named, a message saying where it is (exit 2); in "all", skipped."""
+    from daskvec.bench import driver, source
+
+    monkeypatch.setattr(source, "benchmarks_dir", lambda: None)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    asked = {("--scenario", "hosts"): "across", ("--scenario", "learning-offpolicy"): "offpolicy_learning",
+             ("--scenario", "groups"): "groups", ("--tls",): "tls",
+             ("--scenario", "none", "--dashboard"): "dashboard_load"}  # fmt: skip
+    for argv, where in asked.items():
+        assert bench.run(parser.parse_args([*argv, "--out", str(tmp_path)])) == 2, argv
+        err = capsys.readouterr().err
+        assert f"source repository (benchmarks/{where}.py)" in err and 'pip install -e ".[test]"' in err, err
+    with pytest.raises(source.InSourceOnly, match="gym-faces"):
+        bench.run_benchmark(scenarios=["light", "gym-faces"])
+    chosen, _ = driver._check_selection(["all"], ["dask"], "auto", 1.0, None, 0.0, 1, None)
+    assert {"gym-faces", "straggler", "groups"} <= set(chosen)  # "all" does not fail: they are skipped
+    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options(), 1)
+    assert case["results"] == {} and "source repository" in case["skipped"]
+    assert "straggler    skipped: a benchmark of the source repository" in bench.format_table(
+        {"cases": [case], "machine": {"cpu": "x", "cores_usable": 1, "memory_gb": 1, "python": "3"}}
+    )
+    assert not list(tmp_path.iterdir())  # nothing ran
 
 
 def test_invalid_options() -> None:
@@ -450,7 +488,7 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- across hosts (issue 13)
 def test_across_hosts_goals_and_table() -> None:
     """The goals read the ratios to the 0 ms row; the table shows every round trip."""
-    from daskvec.bench.across import _ratios, format_across_table
+    from benchmarks.across import _ratios, format_across_table
 
     def row(rtt: float, rollouts: float, ppo: float, daskppo: float) -> dict[str, Any]:
         return {"rtt_ms": rtt, "sync_steps_per_s": 1000.0 / (1 + rtt), "sync_collect_steps_per_s": 500.0,
@@ -481,8 +519,8 @@ def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict
 def test_across_hosts_learning_goals_and_table() -> None:
     """DaskSAC's and the CNN DaskPPO's learn() at 10 ms as fractions of 0 ms, and the step_wait counts, in the
     goals and the table (issue 23)."""
-    from daskvec.bench.across import _ratios, format_across_table
-    from daskvec.bench.across_learn import LearnSettings
+    from benchmarks.across import _ratios, format_across_table
+    from benchmarks.across_learn import LearnSettings
 
     def row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:
         return {"rtt_ms": rtt, "sync_steps_per_s": 1.0, "sync_collect_steps_per_s": 1.0, "rollout_steps_per_s": 1.0,
@@ -517,7 +555,8 @@ def test_across_hosts_learning_cases_collect_on_the_workers(client2: Any) -> Non
     """The benchmark's two learning cases, tiny, on a LocalCluster: the Dask learners collect on the workers
     (no step_wait of the DaskVecEnv, a worker-side collection per collection), SB3's pay a step_wait per
     vec-step; a fallback to SB3's loop fails this."""
-    from daskvec.bench.across_learn import LearnSettings, grey_frames, measure_learning
+    from benchmarks.across_learn import LearnSettings, measure_learning
+    from daskvec.bench.envs import grey_frames
 
     tiny = LearnSettings(sac_envs=4, sac_freq=4, sac_timesteps=64, cnn_envs=2, cnn_n_steps=8, cnn_timesteps=32,
                          cnn_batch_size=16)  # fmt: skip

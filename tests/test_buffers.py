@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 
 from daskvec.buffers import StepBuffers
-from daskvec.pool import Group
+from daskvec.groups import Group
 from daskvec.protocol import INFO_KEY, StepReply
 
 

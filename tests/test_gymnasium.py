@@ -446,8 +446,8 @@ def test_partial_batch_ppo_example_trains_on_per_env_trajectories(client2: Any, 
 @pytest.mark.timeout(240)
 def test_bench_gymnasium_scenarios(client2: Any) -> None:
     """Both scenarios run in one benchmark call and report every figure (no timing thresholds)."""
+    from benchmarks.gym_faces import straggler_ideal
     from daskvec import bench
-    from daskvec.bench.gym_faces import straggler_ideal
 
     assert straggler_ideal([0.008, 0.002, 0.002, 0.002], [4, 4, 4, 4]) == pytest.approx((2000.0, 6500.0))
     address = client2.scheduler.address

@@ -60,6 +60,7 @@ def test_plan_even_layout() -> None:
     assert plan.lifetime_s is None
     assert plan.worker_extra_args() == ["--resources", f"{DEFAULT_RESOURCE}=4"]
     assert plan.vec_env_kwargs()["resources"] == {DEFAULT_RESOURCE: 1}
+    assert plan.summary() == "2 jobs x 8 worker processes (8 cores, 16.00GiB each)"
 
 
 def test_plan_rounds_up() -> None:
@@ -84,6 +85,7 @@ def test_plan_lifetime_from_walltime() -> None:
     # envs move off a worker well before it goes, but not absurdly early
     assert 5 <= plan.migrate_before <= 120
     assert plan.vec_env_kwargs()["migrate_before"] == plan.migrate_before
+    assert plan.summary().endswith(f", worker lifetime {plan.lifetime_s:.0f}s +/- 180s")
 
 
 def test_plan_short_walltime() -> None:

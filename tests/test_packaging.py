@@ -83,25 +83,59 @@ def test_version_is_written_once() -> None:
     assert out.stdout.strip() == f"daskvec {daskvec.__version__}"
 
 
-@pytest.mark.slow
-def test_wheel_installed_alone_in_a_fresh_venv(tmp_path: Path) -> None:
-    # Build from a copy of what the wheel is made of, so that the checkout gets no build/ or egg-info.
-    src = tmp_path / "src"
+#: What the wheel's ``daskvec/bench/`` may weigh, in lines: the user-facing scenarios only (issue 26).
+BENCH_MAX_LINES = 1850
+#: Nothing the wheel installs may need root, a firewall, network namespaces, a browser or mocks.
+TEST_BED_WORDS = ("iptables", "netns", "ip netns", "chromium", "unittest.mock", "from unittest import mock")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of the checkout's sources (so the checkout gets no build/ or egg-info).
+
+    ``benchmarks/`` is copied too: the wheel must leave it out by its configuration, not by its absence.
+    """
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "daskvec", src / "daskvec", ignore=shutil.ignore_patterns("__pycache__"))
-    dist = tmp_path / "dist"
+    for name in ("daskvec", "benchmarks"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    dist = tmp / "dist"
     build = _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        tmp_path,
+        tmp,
     )
     assert build.returncode == 0, build.stdout + build.stderr
-    (wheel,) = dist.glob("daskvec-*.whl")
+    (found,) = dist.glob("daskvec-*.whl")
+    return found
+
+
+def test_the_wheel_carries_the_library_not_the_test_bed(wheel: Path) -> None:
+    """The benchmarks/ of the source repository stay out; the bench the wheel has is small and needs no root."""
+    with zipfile.ZipFile(wheel) as whl:
+        # every file but the README (METADATA's description), whose test instructions name CI's chromium
+        texts = {n: whl.read(n).decode("utf-8", "replace") for n in whl.namelist() if not n.endswith("/METADATA")}
+        names = set(whl.namelist())
+    assert not any(n.startswith(("benchmarks/", "tests/", "docs/", "notebooks/")) for n in names)
+    bench = {n: len(t.splitlines()) for n, t in texts.items() if n.startswith("daskvec/bench/") and n.endswith(".py")}
+    assert {"daskvec/bench/driver.py", "daskvec/bench/source.py"} <= set(bench)
+    assert sum(bench.values()) <= BENCH_MAX_LINES, sorted(bench.items(), key=lambda kv: -kv[1])
+    found = {(n, w) for n, t in texts.items() for w in TEST_BED_WORDS if w in t.lower()}
+    assert not found, f"the wheel names the test bed: {sorted(found)}"
+
+
+@pytest.mark.slow
+def test_wheel_installed_alone_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
     assert wheel.name == f"daskvec-{daskvec.__version__}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"daskvec/__init__.py", "daskvec/py.typed", "daskvec/daskvec.yaml"} <= names
-    assert not any(n.startswith(("tests/", "docs/", "notebooks/")) for n in names)
+    # the licence the metadata declares travels with the wheel
+    info = f"daskvec-{daskvec.__version__}.dist-info"
+    assert f"{info}/licenses/LICENSE" in names
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: BSD-3-Clause" in metadata and "License-File: LICENSE" in metadata
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -136,3 +170,10 @@ def test_wheel_installed_alone_in_a_fresh_venv(tmp_path: Path) -> None:
     assert result["metadata_version"] == daskvec.__version__
     assert result["obs_shape"] == [2, 4]
     assert result["rewards"] == [1.0, 1.0]
+
+    # a benchmark of the source repository, asked of the wheel: one clear message, exit 2
+    moved = _run([str(venv / "bin" / "daskvec"), "bench", "--scenario", "hosts"], tmp_path)
+    assert moved.returncode == 2, moved.stdout + moved.stderr
+    assert (
+        "source repository (benchmarks/across.py)" in moved.stderr and "daskvec bench --scenario hosts" in moved.stderr
+    )

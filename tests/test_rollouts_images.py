@@ -33,7 +33,7 @@ from stable_baselines3.common.vec_env import (
 from test_rollouts import N_ENVS, Recorder, assert_same_buffers, assert_same_obs, assert_same_steps, fallbacks, train
 
 from daskvec import DaskVecEnv
-from daskvec.protocol import ObsPipeline
+from daskvec.rollout_protocol import ObsPipeline
 from daskvec.sb3 import DaskA2C, DaskPPO, RolloutPlan, obs_stages, plan_rollouts
 from daskvec.worker.obs import ObsChain
 

@@ -361,8 +361,8 @@ def test_masks_travel_in_compact_step_replies() -> None:
 
 
 def test_mask_benchmark_measures_both_ways(dclient: Any) -> None:
-    """daskvec.bench.masks: one rollout of 64 steps each way; only the cached run answers from the cache."""
-    from daskvec.bench.masks import measure
+    """benchmarks.masks: one rollout of 64 steps each way; only the cached run answers from the cache."""
+    from benchmarks.masks import measure
 
     on, off = measure(True, dclient, 2, 128), measure(False, dclient, 2, 128)
     assert on["timesteps"] == off["timesteps"] == 128

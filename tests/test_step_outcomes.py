@@ -221,9 +221,9 @@ def test_auto_rebalance_never_waits_for_the_scheduler(dclient: Any, monkeypatch:
         blocking.append("scheduler_workers")
         raise AssertionError("a step waited for the scheduler")
 
-    def plan(groups: Any, receivers: Any, envs_per_actor: Any = None) -> Any:
+    def plan(groups: Any, receivers: Any, envs_per_actor: Any = None, whole_groups: bool = False) -> Any:
         planned.append(list(receivers))
-        return real_plan(groups, receivers, envs_per_actor)
+        return real_plan(groups, receivers, envs_per_actor, whole_groups)
 
     try:
         # the real question, answered on the client's event loop

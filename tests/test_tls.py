@@ -262,7 +262,7 @@ def test_tls_channel_server_refuses_and_logs_plaintext_and_foreign_certificates(
 @pytest.mark.timeout(180)
 def test_the_tls_benchmark_measures_what_it_says() -> None:
     """``daskvec bench --tls``: each kind on the transport its name says (figures are not checked)."""
-    from daskvec.bench.tls import KINDS, format_tls_table, run_tls_benchmark
+    from benchmarks.tls import KINDS, format_tls_table, run_tls_benchmark
 
     result = run_tls_benchmark(n_envs=2, seconds=0.2, warmup=0.05, rounds=2, n_workers=1)
     got = result["results"]

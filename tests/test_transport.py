@@ -30,7 +30,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from daskvec.protocol import EMPTY, Command, GroupSpec, RemoteError, RolloutReply, StepReply
+from daskvec.protocol import EMPTY, Command, GroupSpec, RemoteError, StepReply
+from daskvec.rollout_protocol import RolloutReply
 from daskvec.transport import (
     ChannelError,
     ChannelServer,

@@ -8,6 +8,7 @@ the code must travel by value (:func:`daskvec.cluster.dumps_factories`).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -207,3 +208,74 @@ def test_env_from_a_script_main(procs: DaskProcesses, tmp_path: Path) -> None:
     assert lines["dones"] == "[True, True, True, True]"
     assert lines["terminal"] == "[[0.0, 3.0], [1.0, 3.0], [2.0, 3.0], [3.0, 3.0]]"
     assert lines["after-reset"] == "[[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]"
+
+
+def test_a_directory_of_installed_packages_on_the_path_is_not_user_code(tmp_path: Path) -> None:
+    """``pip install --target`` on ``PYTHONPATH``: its packages travel by reference; a user's own module by value."""
+    import importlib
+
+    from daskvec import cluster
+
+    site = tmp_path / "target"
+    (site / "fakelib_dv").mkdir(parents=True)
+    (site / "fakelib_dv" / "__init__.py").write_text("X = 1\n")
+    (site / "fakelib_dv-1.0.dist-info").mkdir()
+    (site / "single_dv.py").write_text("Y = 2\n")
+    user = tmp_path / "project"
+    user.mkdir()
+    (user / "my_envs_dv.py").write_text("Z = 3\n")
+    sys.path[:0] = [str(site), str(user)]
+    try:
+        for name, local in (("fakelib_dv", False), ("single_dv", False), ("my_envs_dv", True)):
+            mod = importlib.import_module(name)
+            assert cluster._is_local_module(mod) is local, name
+            assert (mod in cluster._top_local_modules()) is local, name
+    finally:
+        del sys.path[:2]
+        for name in ("fakelib_dv", "single_dv", "my_envs_dv"):
+            sys.modules.pop(name, None)
+
+
+PYTHONPATH_SCRIPT = """
+import json, sys
+import gymnasium as gym
+import numpy as np
+from distributed import Client, LocalCluster
+from daskvec import DaskVecEnv
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \\
+            Client(cluster) as client:
+        env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2, client=client, timeout=60)
+        env.reset()
+        _, rewards, _, _ = env.step(np.array([0, 1]))
+        env.close()
+    print(json.dumps({"numpy": np.__file__, "rewards": rewards.tolist()}))
+"""
+
+
+@pytest.mark.timeout(200)
+def test_dependencies_from_pythonpath(tmp_path: Path) -> None:
+    """The base interpreter with every dependency on ``PYTHONPATH`` (HPC modules, ``pip install --target``).
+
+    Before the fix every factory failed: NumPy, Gymnasium and cloudpickle itself were
+    taken for user code and pickled by value ("excessively deep recursion").
+    """
+    import sysconfig
+
+    base = os.path.realpath(sys.executable)
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("needs a venv, whose site-packages the base interpreter can take from PYTHONPATH")
+    repo = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([sysconfig.get_paths()["purelib"], str(repo)])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    script = tmp_path / "train_pythonpath.py"
+    script.write_text(PYTHONPATH_SCRIPT)
+    proc = subprocess.run(
+        [base, "-s", str(script)], cwd=tmp_path, env=dict(env, PYTHONPATH=path), capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["numpy"].startswith(sysconfig.get_paths()["purelib"])  # NumPy came from PYTHONPATH
+    assert out["rewards"] == [1.0, 1.0]

@@ -7,7 +7,9 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+from daskvec.bench import source
 from daskvec.bench.driver import run_benchmark
 from daskvec.bench.report import format_table
 from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS
@@ -39,58 +41,65 @@ def _float_list(value: str) -> list[float]:
     return out
 
 
-#: Scenarios that run on their own, outside ``all`` (issue 13), and the Python-ceiling analysis.
+#: Scenarios that run on their own, outside ``all``: the across-hosts, learning and Python-ceiling
+#: benchmarks of the source repository (:mod:`daskvec.bench.source`).
 OWN_RUN = ("hosts", "learning", "learning-offpolicy", "ceiling")
 
+_SCENARIO_HELP = (
+    "scenarios to run (default: all, which leaves out the real workloads atari, mujoco and contention: name "
+    "them, or 'workloads'); 'none' with --dashboard runs only that. From a source checkout only (benchmarks/): "
+    "gym-faces, straggler and groups (in 'all' there), and, on their own, 'hosts' (emulated hosts, needs root), "
+    "'learning', 'learning-offpolicy' and 'ceiling' (DaskVecEnv's step time against the Python ceiling)"
+)
+_ENVS_HELP = (
+    "env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; groups 2,8,32,64 "
+    "groups of one env; atari 16; mujoco 16,64; contention 8)"
+)
+_STARTS = ["fork", "forkserver", "spawn"]
+#: Options passed to :func:`run_benchmark` as they are, under the same names.
+_SAME_NAMES = ("seconds", "steps", "warmup", "repeat", "seed", "scheduler", "transport", "env_process",
+               "subproc_start_method", "async_context", "eval_episodes", "contention_timesteps", "dashboard",
+               "dashboard_route")  # fmt: skip
 
-def _run_own(args: argparse.Namespace) -> int:
-    """Run the ``hosts``, ``learning`` and/or ``learning-offpolicy`` scenarios; print their tables."""
-    from pathlib import Path
-
-    if "hosts" in args.scenario:
-        from daskvec.bench.across import format_across_table, run_across_hosts
-
-        try:
-            res = run_across_hosts(args.rtt, n_hosts=args.hosts, n_envs=(args.envs or [64])[0], seconds=args.seconds,
-                                   n_steps=args.rollout_steps, repeat=max(args.repeat, 2), seed=args.seed,
-                                   out_dir=args.out)  # fmt: skip
-        except RuntimeError as e:
-            print(f"daskvec bench: {e}", file=sys.stderr)
-            return 2
-        print(format_across_table(res))
-        print(f"json: {res['files']['json']}")
-    if "ceiling" in args.scenario:
-        import json
-
-        from daskvec.bench.ceiling import format_ceiling_table, run_ceiling
-        from daskvec.bench.scenarios import missing_packages
-
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        for workload, default_envs in (("mujoco", 64), ("atari", 16)):
-            if missing_packages(workload):
-                print(f"ceiling {workload}: skipped, needs {', '.join(missing_packages(workload))}")
-                continue
-            res = run_ceiling(workload, (args.envs or [default_envs])[0], seconds=max(args.seconds, 2.0),
-                              warmup=args.warmup, rounds=max(args.repeat, 3), seed=args.seed)  # fmt: skip
-            out = Path(args.out) / f"ceiling-{workload}.json"
-            out.write_text(json.dumps(res, indent=1, default=str))
-            print(format_ceiling_table(res))
-            print(f"json: {out}")
-    if "learning" in args.scenario:
-        from daskvec.bench.learning import format_learning_table, run_learning_check
-
-        out = Path(args.out) / "learning-check.json"
-        res = run_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
-        print(format_learning_table(res))
-        print(f"json: {out}")
-    if "learning-offpolicy" in args.scenario:
-        from daskvec.bench.offpolicy_learning import format_offpolicy_table, run_offpolicy_learning_check
-
-        out = Path(args.out) / "offpolicy-learning-check.json"
-        off = run_offpolicy_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
-        print(format_offpolicy_table(off))
-        print(f"json: {out}")
-    return 0
+#: ``daskvec bench``'s options after --scenario, --vec-envs and --envs: flags and ``add_argument`` keywords.
+_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--seconds",), {"type": float, "default": 2.0, "help": "time budget of each timed window (default 2)"}),
+    (("--steps",), {"type": int, "default": None, "help": "fixed vec-steps per timed window instead of --seconds"}),
+    (("--warmup",), {"type": float, "default": 0.5, "help": "seconds of warm-up before timing (default 0.5)"}),
+    (("--repeat",), {"type": int, "default": 1, "help": "independent runs per vec env; medians are reported"}),
+    (("--seed",), {"type": int, "default": 0, "help": "seed of envs, actions and PPO (default 0)"}),
+    (("--scheduler",), {"default": None, "metavar": "ADDRESS",
+                        "help": "Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)"}),
+    (("--transport",), {"default": "auto", "choices": ["auto", "direct", "actor"],
+                        "help": "DaskVecEnv transport (default auto)"}),
+    (("--env-process",), {"action": "store_true",
+                          "help": "DaskVecEnv(env_process=True): envs in a process of their own beside each worker"}),
+    (("--subproc-start-method",), {"default": None, "choices": _STARTS,
+                                   "help": "SubprocVecEnv start method (default: its own, forkserver on Linux)"}),
+    (("--async-context",), {"default": None, "choices": _STARTS,
+                            "help": "AsyncVectorEnv multiprocessing context (default: its own)"}),
+    (("--timesteps",), {"type": int, "default": 25_000, "help": "PPO timesteps of the training scenario"}),
+    (("--eval-episodes",), {"type": int, "default": 10, "help": "evaluation episodes after training"}),
+    (("--contention-timesteps",), {"type": int, "default": 8192,
+                                   "help": "PPO timesteps of the contention scenario (default 8192)"}),
+    (("--out",), {"default": "bench-results", "metavar": "DIR",
+                  "help": "directory for the JSON and PNG results (default bench-results)"}),
+    (("--no-plot",), {"action": "store_true", "help": "skip the PNG chart"}),
+    (("-v", "--verbose"), {"action": "store_true", "help": "keep Dask's and daskvec's INFO log lines"}),
+    # the benchmarks of the source repository (benchmarks/): run from a checkout only
+    (("--dashboard",), {"action": "store_true",
+                        "help": "also measure DaskVecEnv with the daskvec dashboard page open vs closed (checkout)"}),
+    (("--dashboard-route",), {"default": None, "help": "route of the page if it cannot be discovered"}),
+    (("--tls",), {"action": "store_true", "help": "instead of the scenarios: the encrypted direct channel vs actor "
+                  "calls on a TLS cluster vs the plaintext direct channel (CartPole, --envs, default 8; checkout)"}),
+    (("--rtt",), {"type": _float_list, "default": [0.0, 2.0, 10.0], "metavar": "MS[,MS...]",
+                  "help": "hosts scenario: round trips the relay adds on each host (default 0,2,10)"}),
+    (("--hosts",), {"type": int, "default": 2, "help": "hosts scenario: emulated worker hosts (default 2)"}),
+    (("--rollout-steps",), {"type": int, "default": 128,
+                            "help": "hosts scenario: PPO n_steps per rollout (default 128)"}),
+    (("--learning-seeds",), {"type": _int_list, "default": [0, 1, 2], "metavar": "S[,S...]",
+                             "help": "learning scenarios: seeds (default 0,1,2)"}),
+)  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,106 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser : argparse.ArgumentParser
         The (sub)parser of the ``bench`` command.
     """
-    parser.add_argument(
-        "--scenario",
-        nargs="+",
-        default=["all"],
-        choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN],
-        help="scenarios to run (default: all, which leaves out the real workloads atari, mujoco and "
-        "contention: name them, or 'workloads'); 'none' with --dashboard runs only that; "
-        "'hosts' (emulated hosts, needs root), 'learning', 'learning-offpolicy' and 'ceiling' (where "
-        "DaskVecEnv's step time goes against the Python ceiling, mujoco and atari) run on their own",
-    )
-    parser.add_argument(
-        "--vec-envs",
-        type=_comma_list,
-        default=list(VEC_ENVS),
-        metavar="LIST",
-        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})",
-    )
-    parser.add_argument(
-        "--envs",
-        type=_int_list,
-        default=None,
-        metavar="N[,N...]",
-        help="env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; "
-        "groups 2,8,32,64 groups of one env; atari 16; mujoco 16,64; contention 8)",
-    )
-    parser.add_argument("--seconds", type=float, default=2.0, help="time budget of each timed window (default 2)")
-    parser.add_argument("--steps", type=int, default=None, help="fixed vec-steps per timed window instead of --seconds")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up before timing (default 0.5)")
-    parser.add_argument("--repeat", type=int, default=1, help="independent runs per vec env; medians are reported")
-    parser.add_argument("--seed", type=int, default=0, help="seed of envs, actions and PPO (default 0)")
-    parser.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)",
-    )
-    parser.add_argument(
-        "--transport", default="auto", choices=["auto", "direct", "actor"], help="DaskVecEnv transport (default auto)"
-    )
-    parser.add_argument(
-        "--env-process",
-        action="store_true",
-        help="DaskVecEnv(env_process=True): envs in a process of their own beside each worker",
-    )
-    parser.add_argument(
-        "--subproc-start-method",
-        default=None,
-        choices=["fork", "forkserver", "spawn"],
-        help="SubprocVecEnv start method (default: its own, forkserver on Linux)",
-    )
-    parser.add_argument(
-        "--async-context",
-        default=None,
-        choices=["fork", "forkserver", "spawn"],
-        help="AsyncVectorEnv multiprocessing context (default: its own)",
-    )
-    parser.add_argument("--timesteps", type=int, default=25_000, help="PPO timesteps of the training scenario")
-    parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after training")
-    parser.add_argument(
-        "--contention-timesteps", type=int, default=8192, help="PPO timesteps of the contention scenario (default 8192)"
-    )
-    parser.add_argument(
-        "--dashboard",
-        action="store_true",
-        help="also measure DaskVecEnv with the daskvec dashboard page open vs closed",
-    )
-    parser.add_argument("--dashboard-route", default=None, help="route of the page if it cannot be discovered")
-    parser.add_argument(
-        "--out",
-        default="bench-results",
-        metavar="DIR",
-        help="directory for the JSON and PNG results (default bench-results)",
-    )
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
-    # issue 13: across emulated hosts, and the learning check
-    parser.add_argument(
-        "--rtt",
-        type=_float_list,
-        default=[0.0, 2.0, 10.0],
-        metavar="MS[,MS...]",
-        help="hosts scenario: round trips the relay adds on each host (default 0,2,10)",
-    )
-    parser.add_argument("--hosts", type=int, default=2, help="hosts scenario: emulated worker hosts (default 2)")
-    parser.add_argument(
-        "--rollout-steps", type=int, default=128, help="hosts scenario: PPO n_steps per rollout (default 128)"
-    )
-    parser.add_argument(
-        "--learning-seeds",
-        type=_int_list,
-        default=[0, 1, 2],
-        metavar="S[,S...]",
-        help="learning scenario: seeds (default 0,1,2)",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="keep Dask's and daskvec's INFO log lines")
-    parser.add_argument(
-        "--tls",
-        action="store_true",  # issue 15
-        help="instead of the scenarios: the encrypted direct channel vs actor calls on a TLS "
-        "cluster vs the plaintext direct channel (CartPole, --envs, default 8)",
-    )
+    parser.add_argument("--scenario", nargs="+", default=["all"], help=_SCENARIO_HELP,
+                        choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN])  # fmt: skip
+    parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
+                        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")  # fmt: skip
+    parser.add_argument("--envs", type=_int_list, default=None, metavar="N[,N...]", help=_ENVS_HELP)
+    for flags, kwargs in _OPTIONS:
+        parser.add_argument(*flags, **kwargs)
 
 
 @contextlib.contextmanager
@@ -235,36 +151,15 @@ def run(args: argparse.Namespace) -> int:
         reported), 2 for invalid options.
     """
     quiet = _quiet_logs() if not getattr(args, "verbose", False) else contextlib.nullcontext()
-    if getattr(args, "tls", False):
-        return _run_tls(args, quiet)
-    if any(s in OWN_RUN for s in args.scenario):
-        with quiet:
-            return _run_own(args)
+    if getattr(args, "tls", False) or any(s in OWN_RUN for s in args.scenario):
+        return _run_in_source(args, quiet)
     try:
         with quiet:
             results = run_benchmark(
-                scenarios=args.scenario,
-                vec_envs=args.vec_envs,
-                n_envs=args.envs,
-                seconds=args.seconds,
-                steps=args.steps,
-                warmup=args.warmup,
-                repeat=args.repeat,
-                seed=args.seed,
-                scheduler=args.scheduler,
-                transport=args.transport,
-                env_process=args.env_process,
-                subproc_start_method=args.subproc_start_method,
-                async_context=args.async_context,
-                training_timesteps=args.timesteps,
-                eval_episodes=args.eval_episodes,
-                contention_timesteps=args.contention_timesteps,
-                dashboard=args.dashboard,
-                dashboard_route=args.dashboard_route,
-                out_dir=args.out,
-                plot=not args.no_plot,
-            )
-    except ValueError as e:
+                args.scenario, args.vec_envs, n_envs=args.envs, training_timesteps=args.timesteps,
+                out_dir=args.out, plot=not args.no_plot, **{name: getattr(args, name) for name in _SAME_NAMES},
+            )  # fmt: skip
+    except ValueError as e:  # InSourceOnly too: a scenario of the source repository asked of a wheel
         print(f"daskvec bench: {e}", file=sys.stderr)
         return 2
     print(format_table(results))
@@ -275,23 +170,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_tls(args: argparse.Namespace, quiet: contextlib.AbstractContextManager[None]) -> int:
-    """``daskvec bench --tls``: print the table, write ``tls.json`` in ``--out``."""
-    import json
-    import os
-
-    from daskvec.bench.tls import format_tls_table, run_tls_benchmark
-
+def _run_in_source(args: argparse.Namespace, quiet: contextlib.AbstractContextManager[None]) -> int:
+    """``--tls`` or a scenario that runs on its own: by ``benchmarks/command.py``, from a source checkout."""
+    asked = "--tls" if getattr(args, "tls", False) else next(s for s in args.scenario if s in OWN_RUN)
+    try:
+        command = source.module(asked, "command")
+    except source.InSourceOnly as e:
+        print(f"daskvec bench: {e}", file=sys.stderr)
+        return 2
     with quiet:
-        result = run_tls_benchmark(n_envs=(args.envs or [8])[0], seconds=args.seconds, warmup=args.warmup,
-                                   seed=args.seed)  # fmt: skip
-    print(format_tls_table(result))
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "tls.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"json: {path}")
-    return 1 if any("error" in r for r in result["results"].values()) else 0
+        return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

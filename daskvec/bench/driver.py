@@ -10,10 +10,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from daskvec.bench.dashboard_load import measure_dashboard
+from daskvec.bench import source
 from daskvec.bench.envs import action_cycle
-from daskvec.bench.groups import GROUPS_SCENARIO, groups_cases
-from daskvec.bench.gym_faces import GYM_SCENARIOS, gym_faces_case, straggler_case
 from daskvec.bench.machine import _usable_cores, machine_info
 from daskvec.bench.measure import _measure_case, _measure_training_case, busy_processes
 from daskvec.bench.report import _add_ratios, write_results
@@ -57,29 +55,14 @@ def _prepare_imports(kinds: Sequence[str]) -> None:
 
 
 def run_benchmark(
-    scenarios: Sequence[str] = SCENARIOS,
-    vec_envs: Sequence[str] = VEC_ENVS,
-    *,
-    n_envs: Sequence[int] | None = None,
-    seconds: float = 2.0,
-    steps: int | None = None,
-    warmup: float = 0.5,
-    repeat: int = 1,
-    seed: int = 0,
-    scheduler: str | None = None,
-    transport: str = "auto",
-    env_process: bool = False,
-    subproc_start_method: str | None = None,
-    async_context: str | None = None,
-    heavy_step_s: float = 1e-3,
-    training_timesteps: int = 25_000,
-    eval_episodes: int = 10,
-    contention_timesteps: int = 8192,
-    dashboard: bool = False,
-    dashboard_route: str | None = None,
-    out_dir: str | os.PathLike[str] | None = None,
+    scenarios: Sequence[str] = SCENARIOS, vec_envs: Sequence[str] = VEC_ENVS, *, n_envs: Sequence[int] | None = None,
+    seconds: float = 2.0, steps: int | None = None, warmup: float = 0.5, repeat: int = 1, seed: int = 0,
+    scheduler: str | None = None, transport: str = "auto", env_process: bool = False,
+    subproc_start_method: str | None = None, async_context: str | None = None, heavy_step_s: float = 1e-3,
+    training_timesteps: int = 25_000, eval_episodes: int = 10, contention_timesteps: int = 8192,
+    dashboard: bool = False, dashboard_route: str | None = None, out_dir: str | os.PathLike[str] | None = None,
     plot: bool = True,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """Run the benchmark and return its results as data.
 
     Parameters
@@ -87,6 +70,8 @@ def run_benchmark(
     scenarios : sequence of str
         Any of :data:`SCENARIOS`; ``"all"`` for every one but the real workloads
         (:data:`WORKLOADS`: ``atari``, ``mujoco``, ``contention``), ``"workloads"`` for those.
+        ``gym-faces``, ``straggler`` and ``groups`` run from a source checkout only
+        (:mod:`daskvec.bench.source`); ``"all"`` skips them elsewhere.
     vec_envs : sequence of str
         Any of :data:`VEC_ENVS`. Ratios need ``"subproc"`` (the baseline). The EnvPool
         kinds (``envpool``: EnvPool alone with a thread per core; ``dask-envpool``:
@@ -95,82 +80,51 @@ def run_benchmark(
     n_envs : sequence of int, optional
         Env counts for every selected stepping scenario (the first one for training),
         instead of :data:`DEFAULT_ENVS`.
-    seconds : float
-        Time budget of each timed window (ignored when ``steps`` is given).
-    steps : int, optional
-        A fixed number of vec-steps per timed window instead of a time budget (the
-        warm-up is then ``max(1, steps // 10)`` vec-steps, so runs are reproducible
-        step for step).
-    warmup : float
-        Seconds of warm-up stepping before each timed window (at least one vec-step).
-    repeat : int
-        Independent runs (construction included) per vec env; medians are reported.
-    seed : int
-        Seeds the envs (env ``i`` gets ``seed + i``), the actions and PPO.
+    seconds, steps, warmup, repeat, seed
+        A time budget per timed window, or a fixed number of vec-steps (``steps``; the
+        warm-up is then ``max(1, steps // 10)`` vec-steps); seconds of warm-up stepping
+        before each window; independent runs per vec env (medians are reported); the
+        seed of the envs (env ``i`` gets ``seed + i``), the actions and PPO.
     scheduler : str, optional
         Scheduler address for DaskVecEnv; ``None`` starts the embedded LocalCluster
         for each run, as ``DaskVecEnv(env_fns)`` does.
-    transport : {"auto", "direct", "actor"}
-        DaskVecEnv's transport.
-    env_process : bool
-        DaskVecEnv's ``env_process``: envs in a process of their own beside each worker.
-    subproc_start_method, async_context : str, optional
-        Multiprocessing start methods for SubprocVecEnv and AsyncVectorEnv (their own
-        defaults when ``None``).
-    heavy_step_s : float
-        CPU seconds per step of the heavy scenario's env.
-    training_timesteps, eval_episodes : int
-        PPO timesteps and evaluation episodes of the training scenario.
-    contention_timesteps : int
-        PPO timesteps of the contention scenario.
-    dashboard : bool
-        Also measure DaskVecEnv with the daskvec dashboard page open vs closed.
-    dashboard_route : str, optional
-        The page's route, when it cannot be found in ``/individual-plots.json``.
-    out_dir : path, optional
-        Write ``bench-<timestamp>.json`` (and ``.png`` when ``plot``) there, plus
-        ``latest.json``/``latest.png``.
-    plot : bool
-        Draw the PNG bar chart (needs matplotlib).
+    transport, env_process, subproc_start_method, async_context
+        DaskVecEnv's ``transport`` (``"auto"``, ``"direct"``, ``"actor"``) and ``env_process``;
+        start methods of SubprocVecEnv and AsyncVectorEnv (``None``: their defaults).
+    heavy_step_s, training_timesteps, eval_episodes, contention_timesteps
+        CPU seconds per step of the heavy scenario's env; PPO timesteps and evaluation
+        episodes of the training scenario; PPO timesteps of the contention scenario.
+    dashboard, dashboard_route
+        Also measure DaskVecEnv with the daskvec dashboard page open vs closed (from a
+        source checkout); the page's route, when ``/individual-plots.json`` does not list it.
+    out_dir, plot
+        Write ``bench-<timestamp>.json`` in ``out_dir`` (if any; and a PNG chart when
+        ``plot``: needs matplotlib), plus ``latest.json``/``latest.png``.
 
     Returns
     -------
     dict
-        ``machine``, ``settings``, ``cases`` (one per scenario and env count, with a
-        ``results`` entry per vec env and ratios to SubprocVecEnv), ``dashboard`` and
-        ``files``.
+        ``machine``, ``settings``, ``cases`` (per scenario and env count: a ``results`` entry
+        per vec env, ratios to SubprocVecEnv), ``dashboard``, ``files``.
 
     Raises
     ------
     ValueError
-        For an unknown scenario, vec env or transport, or non-positive durations.
+        For an unknown scenario, vec env or transport, or non-positive durations;
+        :class:`~daskvec.bench.source.InSourceOnly` for a benchmark of the source repository
+        asked of an installed wheel.
     """
-    chosen, kinds = _check_selection(scenarios, vec_envs, transport, seconds, steps, warmup, repeat, n_envs)
-    opts = Options(
-        seconds=seconds,
-        steps=steps,
-        warmup=warmup,
-        repeat=repeat,
-        seed=seed,
-        scheduler=scheduler,
-        transport=transport,
-        env_process=env_process,
-        subproc_start_method=subproc_start_method,
-        async_context=async_context,
-        heavy_step_s=heavy_step_s,
-        training_timesteps=training_timesteps,
-        eval_episodes=eval_episodes,
-        cores=_usable_cores(),
-        contention_timesteps=contention_timesteps,
-    )
+    given = locals()  # the Options fields among the arguments
+    chosen, kinds = _check_selection(scenarios, vec_envs, transport, seconds, steps, warmup, repeat, n_envs, dashboard)
+    opts = Options(**{f.name: given[f.name] for f in dataclasses.fields(Options) if f.name != "cores"},
+                   cores=_usable_cores())  # fmt: skip
     _prepare_imports(kinds)
     started = time.perf_counter()
     results = _new_results(opts, chosen, kinds, n_envs, dashboard)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    cores = opts.cores
     for scenario in chosen:
         sizes = [int(n) for n in n_envs] if n_envs else list(DEFAULT_ENVS[scenario])
-        for case_out in _scenario_cases(scenario, sizes, kinds, opts, cores):
+        for case_out in _scenario_cases(scenario, sizes, kinds, opts, opts.cores):
             results["cases"].append(case_out)
             _save_partial(results, out_dir, started, stamp)
     if dashboard:
@@ -191,6 +145,7 @@ def _check_selection(
     warmup: float,
     repeat: int,
     n_envs: Sequence[int] | None,
+    dashboard: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Check :func:`run_benchmark`'s options; return the scenarios and vec env kinds to run, in run order."""
     named = set(scenarios)
@@ -211,6 +166,8 @@ def _check_selection(
         raise ValueError("seconds (or steps) and repeat must be positive and warmup non-negative")
     if n_envs is not None and (not n_envs or any(int(n) < 1 for n in n_envs)):
         raise ValueError(f"n_envs must be positive env counts, not {n_envs!r}")
+    for s in [*(set(scenarios) & set(source.IN_SOURCE)), *(["--dashboard"] if dashboard else [])]:
+        source.require(s)  # named (not through "all"): needs a source checkout
     kinds = [k for k in VEC_ENVS if k in vec_envs]
     return chosen, kinds
 
@@ -266,25 +223,15 @@ def _scenario_cases(
         yield {"scenario": scenario, "case": scenario, "n_envs": sizes[0], "results": {},
                "skipped": f"needs {', '.join(missing)}: pip install 'daskvec[workloads]'"}  # fmt: skip
         return
-    if scenario in GYM_SCENARIOS:  # issue 16: the Gymnasium faces, and stragglers
-        yield _gym_case(scenario, sizes[0], opts)
-        return
-    if scenario == GROUPS_SCENARIO:  # DaskVecEnv alone: client time per group
-        if "dask" in kinds:
-            yield from groups_cases(sizes, opts)
+    if scenario in source.IN_SOURCE:  # gym-faces, straggler, groups: by their modules in benchmarks/
+        if source.benchmarks_dir() is None:
+            yield {"scenario": scenario, "case": scenario, "n_envs": sizes[0], "results": {},
+                   "skipped": "a benchmark of the source repository (benchmarks/), run from a checkout"}  # fmt: skip
+        else:
+            yield from source.module(scenario).scenario_cases(scenario, sizes, kinds, opts)
         return
     for case in _cases(scenario, sizes, opts.heavy_step_s):
         yield _stepping_case(case, kinds, opts, cores)
-
-
-def _gym_case(scenario: str, n: int, opts: Options) -> dict[str, Any]:
-    """A Gymnasium scenario (:mod:`daskvec.bench.gym_faces`), with its settings from the run's options."""
-    seconds = opts.seconds if opts.steps is None else max(0.2, opts.steps / 100)
-    if scenario == "gym-faces":
-        return gym_faces_case(n, seconds, opts.warmup, opts.seed, opts.scheduler, repeat=opts.repeat)
-    groups = max(2, n // 4)
-    per_group = max(1, n // groups)
-    return straggler_case(seconds, opts.warmup, opts.seed, opts.scheduler, groups=groups, envs_per_group=per_group)
 
 
 def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = False) -> dict[str, Any]:
@@ -361,6 +308,6 @@ def _dashboard_entry(opts: Options, n_envs: Sequence[int] | None, route: str | N
     """The dashboard open-vs-closed measurement with the first env count (8 by default), or its error."""
     sizes = [int(n) for n in n_envs] if n_envs else [8]
     try:
-        return measure_dashboard(opts, n_envs=sizes[0], route=route)
+        return dict(source.module("--dashboard").measure_dashboard(opts, n_envs=sizes[0], route=route))
     except Exception as e:
         return {"available": False, **_error_entry("dask", e)}

@@ -12,16 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from daskvec.bench.groups import GROUPS_SCENARIO, format_groups_case
-from daskvec.bench.gym_faces import GYM_SCENARIOS, format_gym_case
+from daskvec.bench import source
 from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
 
 __all__ = ["format_table", "plot_results", "write_results"]
 
 #: Scenarios that time PPO runs (wall time), not stepping windows.
 _PPO_SCENARIOS = ("training", "contention")
-#: Scenarios shown in the table only: they have no SubprocVecEnv baseline to chart ratios to.
-_TABLE_ONLY = (*GYM_SCENARIOS, GROUPS_SCENARIO)
+#: Scenarios shown in the table only (those of benchmarks/): they have no SubprocVecEnv baseline to chart ratios to.
+_TABLE_ONLY = tuple(source.IN_SOURCE)
 
 
 def _add_ratios(case: dict[str, Any]) -> None:
@@ -99,14 +98,11 @@ def format_table(results: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for case in results["cases"]:
-        if case["scenario"] in GYM_SCENARIOS:
-            lines.extend(format_gym_case(case))
-            continue
         if case.get("skipped"):
             lines.append(f"{case['case']:<12} skipped: {case['skipped']}")
             continue
-        if case["scenario"] == GROUPS_SCENARIO:
-            lines.extend(format_groups_case(case))
+        if case["scenario"] in _TABLE_ONLY:
+            lines.extend(source.format_case(case))
             continue
         lines.extend(_table_row(case, kind, res) for kind, res in case["results"].items())
     dash = results.get("dashboard")
@@ -217,15 +213,8 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
             ax.bar(pos, heights, width, label=LABELS[kind], color=colors[kind])
             for p, h in zip(pos, heights, strict=True):
                 if np.isfinite(h):
-                    ax.annotate(
-                        f"{h:.2g}",
-                        (p, h),
-                        ha="center",
-                        va="bottom",
-                        fontsize=7,
-                        xytext=(0, 2),
-                        textcoords="offset points",
-                    )
+                    ax.annotate(f"{h:.2g}", (p, h), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                                textcoords="offset points")  # fmt: skip
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.set_xticks(x, [c["case"] for c in cases], rotation=20)

@@ -69,9 +69,9 @@ DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "heavy": (8,),
     "images": (16,),
     "training": (8,),
-    "gym-faces": (64,),  # issue 16 (daskvec.bench.gym_faces)
+    "gym-faces": (64,),  # issue 16 (benchmarks.gym_faces)
     "straggler": (16,),
-    "groups": (2, 8, 32, 64),  # env groups of one CartPole each (daskvec.bench.groups)
+    "groups": (2, 8, 32, 64),  # env groups of one CartPole each (benchmarks.groups)
     "atari": (16,),
     "mujoco": (16, 64),
     "contention": (8,),

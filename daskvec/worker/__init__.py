@@ -2,8 +2,10 @@
 
 - :mod:`daskvec.worker.group` -- :class:`EnvGroup`, the actor that builds and steps
   its envs and answers requests on either transport;
+- :mod:`daskvec.worker.build` -- building a group's envs from their factories (with a
+  timeout);
 - :mod:`daskvec.worker.envs` -- single envs as a group sees them: stacking their
-  observations, wrapper lookups, factory names, their errors as replies;
+  observations and action masks, wrapper lookups, factory names, their errors as replies;
 - :mod:`daskvec.worker.host` -- :class:`EnvHost`, the actor when the envs live in a
   process of their own (``env_process=True``), and that process's entry point;
 - :mod:`daskvec.worker.rollout` -- a whole rollout run with a shipped policy, and
@@ -22,9 +24,9 @@ Stable-Baselines3 or torch.
 from __future__ import annotations
 
 from daskvec.protocol import INFO_KEY, restart_seed
-from daskvec.worker.group import WORKER_DIRECTORY, EnvGroup, factory_name, obs_shape, stack_obs
+from daskvec.worker.group import EnvGroup, factory_name, obs_shape, stack_obs
 from daskvec.worker.host import EnvHost, host_main, kill_env_process
-from daskvec.worker.probes import profiler_hazard, worker_deadline
+from daskvec.worker.probes import WORKER_DIRECTORY, profiler_hazard, worker_deadline
 
 __all__ = [
     "INFO_KEY",

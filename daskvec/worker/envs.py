@@ -1,7 +1,7 @@
 """Single envs as an env group sees them.
 
-Stacking their observations, describing their shapes, looking up attributes through
-their wrappers, naming their factories, and turning their exceptions into
+Stacking their observations (and their action masks), describing their shapes, looking
+up attributes through their wrappers, naming their factories, and turning their exceptions into
 :class:`~daskvec.protocol.RemoteError` replies. Used by :class:`~daskvec.worker.EnvGroup`
 and, for the error messages about observation shapes, by the client's step buffers.
 """
@@ -9,6 +9,7 @@ and, for the error messages about observation shapes, by the client's step buffe
 from __future__ import annotations
 
 import copy
+import logging
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -17,11 +18,14 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import PerEnv, RemoteError
+from daskvec.protocol import MASK_METHOD, PerEnv, RemoteError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ARRAY_SPACES",
     "EnvFailure",
+    "action_masks",
     "factory_name",
     "has_method",
     "has_wrapper_attr",
@@ -30,6 +34,7 @@ __all__ = [
     "remote_error",
     "row",
     "stack_obs",
+    "stack_rows",
     "wrapper_attr",
 ]
 
@@ -61,6 +66,18 @@ def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
         # ragged or odd observations: np.stack stacks what it can and explains the rest
         return np.stack([np.asarray(o) for o in obs_list])
     return stacked
+
+
+def stack_rows(obs_list: list[Any], space: gym.Space[Any], env_indices: Sequence[int]) -> Any:
+    """:func:`stack_obs` for a group's envs ``env_indices``; the error names each env's observation shape."""
+    try:
+        return stack_obs(obs_list, space)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        shapes = ", ".join(f"env {i}: {obs_shape(o)}" for i, o in zip(env_indices, obs_list, strict=True))
+        raise ValueError(
+            f"the observations of envs {list(env_indices)} do not stack ({shapes}): {e}; "
+            "make each env's observations match its observation_space"
+        ) from e
 
 
 def obs_shape(obs: Any) -> Any:
@@ -104,6 +121,28 @@ def has_method(env: Any, name: str) -> bool:
         return callable(wrapper_attr(env, name))
     except AttributeError:
         return False
+
+
+def action_masks(envs: Sequence[Any], env_indices: Sequence[int]) -> np.ndarray | None:
+    """Every env's action mask (its ``action_masks()``), stacked; ``None`` when they cannot travel as one array.
+
+    An env whose ``action_masks`` raises, or masks that are not NumPy arrays of one
+    dtype and shape, give ``None``: the client then calls ``action_masks`` itself and
+    sees the same results (and the same exception) as without this shortcut.
+    ``env_indices`` name the envs in the debug log line.
+    """
+    try:
+        masks = [wrapper_attr(env, MASK_METHOD)() for env in envs]
+    except Exception:
+        logger.debug("action_masks() raised on %s; the client will call it", list(env_indices), exc_info=True)
+        return None
+    first = masks[0]
+    if not isinstance(first, np.ndarray) or first.dtype.hasobject:
+        return None
+    for m in masks:
+        if type(m) is not np.ndarray or m.dtype != first.dtype or m.shape != first.shape:
+            return None
+    return np.stack(masks)
 
 
 def is_wrapped(env: gym.Env[Any, Any], wrapper_class: type) -> bool:

@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from daskvec import config, metrics
-from daskvec.errors import EnvBuildTimeoutError, EnvRestartBudgetExceeded
+from daskvec.errors import EnvRestartBudgetExceeded
 from daskvec.protocol import (
     MASK_METHOD,
     Autoreset,
@@ -38,17 +38,18 @@ from daskvec.protocol import (
     GroupDesc,
     GroupSpec,
     ResetReply,
-    RolloutReply,
-    RolloutRequest,
     StepReply,
     restart_seed,
 )
+from daskvec.rollout_protocol import RolloutReply, RolloutRequest
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
 from daskvec.transport.server import LOG_INTERVAL
 from daskvec.transport.wire import RateLimitedLog
 from daskvec.worker import probes
+from daskvec.worker.build import build_env, build_group, build_vector, close_envs
 from daskvec.worker.envs import (
     EnvFailure,
+    action_masks,
     factory_name,
     has_method,
     has_wrapper_attr,
@@ -57,7 +58,7 @@ from daskvec.worker.envs import (
     remote_error,
     row,
     stack_obs,
-    wrapper_attr,
+    stack_rows,
 )
 from daskvec.worker.offpolicy import run_off_policy
 from daskvec.worker.reaper import Release
@@ -70,17 +71,7 @@ logger = logging.getLogger(__name__)
 #: dashboard anyway), so restart warnings go out at most once per interval per process.
 _restart_log = RateLimitedLog(logger, LOG_INTERVAL)
 
-__all__ = ["WORKER_DIRECTORY", "EnvGroup", "factory_name", "obs_shape", "stack_obs"]
-
-
-class _WorkerDirectory:
-    """Default of ``EnvGroup(unix_dir=...)``: the worker's local directory (see :func:`probes.unix_dir`)."""
-
-    def __repr__(self) -> str:
-        return "<the worker's local directory>"
-
-
-WORKER_DIRECTORY = _WorkerDirectory()
+__all__ = ["EnvGroup", "factory_name", "obs_shape", "stack_obs"]
 
 
 class EnvGroup:
@@ -122,7 +113,7 @@ class EnvGroup:
         *,
         worker_address: str | None = None,
         listen_host: str | None = None,
-        unix_dir: str | _WorkerDirectory | None = WORKER_DIRECTORY,
+        unix_dir: str | probes.WorkerDirectory | None = probes.WORKER_DIRECTORY,
         security: Any = None,
     ) -> None:
         self._worker = probes.current_worker()
@@ -146,9 +137,8 @@ class EnvGroup:
             ssl_context = probes.listen_ssl_context(self._worker, security)
         #: the group's one vectorized env (``spec.vector``), stepped with one call per request
         self.vector: VectorEnvs | None = None
-        build = self._build_vector if spec.vector else self._build_all
-        timeout = spec.build_timeout
-        built = build() if timeout is None else self._build_in_thread(timeout, build)
+        built = build_group(self._factories, self.env_indices, self.worker_address, self.autoreset, spec.vector,
+                            spec.build_timeout)  # fmt: skip
         if isinstance(built, VectorEnvs):
             self.vector = built
             self.envs: list[Any] = built.slots()  # what the per-env commands reach
@@ -168,20 +158,7 @@ class EnvGroup:
         self.stats = metrics.GroupStats(n)
         metrics.install_worker_metrics(self._worker, self.stats)
         self.deadline = probes.worker_deadline(self._worker)
-        self._server: ChannelServer | None = None
-        if token is not None:
-            if isinstance(unix_dir, _WorkerDirectory):
-                unix_dir = None if spec.tls else probes.unix_dir(self._worker)
-            # the server's threads must not keep the group alive: see the finalizer below
-            self._server = ChannelServer(
-                listen_host or probes.listen_host(self._worker),
-                token,
-                _weak_dispatch(weakref.ref(self)),
-                name="daskvec-group",
-                unix_dir=unix_dir,
-                busy_poll=self.busy_poll or 0.0,
-                ssl_context=ssl_context,
-            )
+        self._server = None if token is None else self._serve(token, spec.tls, listen_host, unix_dir, ssl_context)
         # Closes the channel and the envs once: from shutdown(), or when Dask dropped the
         # actor without one (the client gave the group up after a timeout, or died), or
         # when the group is garbage collected. Without it the envs, the sockets and the
@@ -189,7 +166,35 @@ class EnvGroup:
         self._release = Release(
             self, functools.partial(_release_group, self._server, self._owned, self.stats, self.worker_address)
         )
-        self._commands: dict[str, Callable[..., Any]] = {
+        self._commands = self._command_table()
+        self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
+
+    # ---------------------------------------------------------------- lifecycle
+    def _serve(
+        self,
+        token: bytes,
+        tls: bool,
+        listen_host: str | None,
+        unix_dir: str | probes.WorkerDirectory | None,
+        ssl_context: Any,
+    ) -> ChannelServer:
+        """The group's direct channel: a server on ``listen_host`` (and a Unix socket in ``unix_dir``)."""
+        if isinstance(unix_dir, probes.WorkerDirectory):
+            unix_dir = None if tls else probes.unix_dir(self._worker)
+        # the server's threads must not keep the group alive: see the release in __init__
+        return ChannelServer(
+            listen_host or probes.listen_host(self._worker),
+            token,
+            _weak_dispatch(weakref.ref(self)),
+            name="daskvec-group",
+            unix_dir=unix_dir,
+            busy_poll=self.busy_poll or 0.0,
+            ssl_context=ssl_context,
+        )
+
+    def _command_table(self) -> dict[str, Callable[..., Any]]:
+        """The method that answers each :class:`~daskvec.protocol.Command` (:meth:`dispatch`)."""
+        return {
             Command.STEP: self.step,
             Command.RESET: self.reset,
             Command.GET_ATTR: self._get_attr,
@@ -206,96 +211,6 @@ class EnvGroup:
             Command.NUMBER: self._number,
             Command.OFF_POLICY: self.off_policy,
         }
-        self._release.watch(self._worker, probes.actor_key(self._worker))  # last: release_dropped may run now
-
-    # ---------------------------------------------------------------- lifecycle
-    def _build_in_thread(self, timeout: float, build_fn: Callable[[list[int]], Any]) -> Any:
-        """``build_fn`` (:meth:`_build_all` or :meth:`_build_vector`) on a thread of its own,
-        abandoned after ``timeout`` seconds."""
-        progress = [0]
-        done: dict[str, Any] = {}
-        abandoned = threading.Event()
-
-        def build() -> None:
-            try:
-                done["envs"] = build_fn(progress)
-            except BaseException as e:
-                done["error"] = e
-            if abandoned.is_set() and "envs" in done:  # too late: nobody will use them
-                envs = done["envs"]
-                _close_envs(envs if isinstance(envs, list) else [envs], self.worker_address)
-
-        thread = threading.Thread(target=build, name="daskvec-build", daemon=True)
-        thread.start()
-        thread.join(timeout)
-        if thread.is_alive():
-            abandoned.set()
-            pos = progress[0]
-            if build_fn == self._build_vector:
-                raise EnvBuildTimeoutError(
-                    f"the vector env factory ({factory_name(self._factories[0])}) did not return within "
-                    f"{timeout:g}s on worker {self.worker_address}; its thread was abandoned and the worker is "
-                    "free. Check what the factory waits for, or pass a larger timeout=",
-                    env_indices=list(self.env_indices),
-                )
-            raise EnvBuildTimeoutError(
-                f"the factory of env {self.env_indices[pos]} ({factory_name(self._factories[pos])}) did not "
-                f"return within {timeout:g}s on worker {self.worker_address}; its thread was abandoned and "
-                "the worker is free. Check what the factory waits for, or pass a larger timeout=",
-                env_indices=[self.env_indices[pos]],
-            )
-        if "error" in done:
-            raise done["error"]
-        return done["envs"]
-
-    def _build_vector(self, progress: list[int] | None = None) -> VectorEnvs:
-        """Build the group's one vectorized env from its factory."""
-        (fn,) = self._factories
-        try:
-            vec = fn()
-        except Exception as e:
-            e.add_note(f"daskvec: raised by the vector env factory of envs {self.env_indices} on {self.worker_address}")
-            raise
-        try:
-            return VectorEnvs(vec, self.autoreset)
-        except Exception:
-            with contextlib.suppress(Exception):
-                vec.close()
-            raise
-
-    def _build_all(self, progress: list[int] | None = None) -> list[gym.Env[Any, Any]]:
-        envs: list[gym.Env[Any, Any]] = []
-        try:
-            for pos, fn in enumerate(self._factories):
-                if progress is not None:
-                    progress[0] = pos
-                env = self._build(pos, fn)
-                for other_pos, other in enumerate(envs):
-                    if other is env:
-                        raise ValueError(
-                            f"env factories {self.env_indices[other_pos]} and {self.env_indices[pos]} returned "
-                            "the same environment instance; each factory must create a new env "
-                            "(e.g. `lambda: gym.make(...)`)"
-                        )
-                envs.append(env)
-        except BaseException:
-            _close_envs(envs, self.worker_address)
-            raise
-        return envs
-
-    def _build(self, pos: int, fn: Callable[[], gym.Env[Any, Any]]) -> gym.Env[Any, Any]:
-        index = self.env_indices[pos]
-        try:
-            env = fn()
-        except Exception as e:
-            e.add_note(f"daskvec: raised by the factory of env {index} on worker {self.worker_address}")
-            raise
-        if not (hasattr(env, "step") and hasattr(env, "reset")):
-            raise TypeError(
-                f"the factory of env {index} returned {type(env).__name__!r}, not a gymnasium.Env; "
-                "env_fns must be callables that create an environment"
-            )
-        return env
 
     def describe(self) -> GroupDesc:
         """Spaces, worker, process and channel address of this group."""
@@ -414,12 +329,17 @@ class EnvGroup:
             logger.debug("closing crashed env %d failed", index, exc_info=True)
         seed = restart_seed(index, self.rebuilds[pos], self._seeds[pos])
         try:
-            self.envs[pos] = self._build(pos, self._factories[pos])
+            self.envs[pos] = build_env(self._factories[pos], index, self.worker_address)
             obs, reset_info = self._env_reset(self.envs[pos], seed, None)
         except Exception as e:
             raise self._fail(pos, e) from e
         self._masks_on = self._detect_masks()
-        marker = {
+        self._returns[pos] = 0.0
+        return obs, dict(reset_info), self._marker(exc, pos, seed)
+
+    def _marker(self, exc: BaseException, pos: int, seed: int) -> dict[str, Any]:
+        """The restart marker of the env at ``pos``, rebuilt after ``exc`` and reset with ``seed``."""
+        return {
             "restarted": True,
             "reason": "env_error",
             "error": f"{type(exc).__name__}: {exc}",
@@ -427,8 +347,6 @@ class EnvGroup:
             "seed": seed,
             "worker": self.worker_address,
         }
-        self._returns[pos] = 0.0
-        return obs, dict(reset_info), marker
 
     # ---------------------------------------------------------------- step and reset
     @property
@@ -516,14 +434,7 @@ class EnvGroup:
         return obs if last is None else last
 
     def _stack(self, obs_list: list[Any]) -> Any:
-        try:
-            return stack_obs(obs_list, self.envs[0].observation_space)
-        except (ValueError, TypeError, KeyError, IndexError) as e:
-            shapes = ", ".join(f"env {i}: {obs_shape(o)}" for i, o in zip(self.env_indices, obs_list, strict=True))
-            raise ValueError(
-                f"the observations of envs {self.env_indices} do not stack ({shapes}): {e}; "
-                "make each env's observations match its observation_space"
-            ) from e
+        return stack_rows(obs_list, self.envs[0].observation_space, self.env_indices)
 
     def _reset_one(
         self, pos: int, seed: int | None, options: dict[str, Any] | None, restarted: dict[int, dict[str, Any]]
@@ -670,32 +581,21 @@ class EnvGroup:
             self._owned[0].close()
         seeds = [restart_seed(i, self.rebuilds[pos], self._seeds[pos]) for pos, i in enumerate(self.env_indices)]
         try:
-            vec = self._build_vector()
+            vec = build_vector(self._factories[0], self.env_indices, self.worker_address, self.autoreset)
             self.vector, self._owned[0], self.envs[:] = vec, vec, vec.slots()
             obs, infos = vec.reset(seeds, [{}] * n)
         except Exception as e:
             raise self._fail_vector(e) from e
         self._masks_on = self._detect_masks()
         self._returns[:] = 0.0
-        markers = [
-            {
-                "restarted": True,
-                "reason": "env_error",
-                "error": f"{type(exc).__name__}: {exc}",
-                "restarts": self.rebuilds[pos],
-                "seed": seeds[pos],
-                "worker": self.worker_address,
-            }
-            for pos in range(n)
-        ]
-        return obs, infos, markers
+        return obs, infos, [self._marker(exc, pos, seeds[pos]) for pos in range(n)]
 
     def _fail_vector(self, exc: BaseException) -> EnvFailure:
         exc.add_note(f"daskvec: raised by the vector env of envs {self.env_indices} on {self.worker_address}")
         return EnvFailure(remote_error(exc, None, self.worker_address))
 
     def _reset_vector(
-        self, seeds: list[int | None], options: list[dict[str, Any]], user: bool, mask: Sequence[bool] | None
+        self, seeds: list[int | None], options: list[dict[str, Any] | None], user: bool, mask: Sequence[bool] | None
     ) -> ResetReply:
         """:meth:`reset` for a group made of one vectorized env."""
         vec = self.vector
@@ -728,26 +628,8 @@ class EnvGroup:
         return self._send_masks and all(has_method(env, MASK_METHOD) for env in self.envs)
 
     def _masks(self) -> np.ndarray | None:
-        """Every env's action mask, stacked; ``None`` when they cannot travel as one array.
-
-        An env whose ``action_masks`` raises, or masks that are not NumPy arrays of one
-        dtype and shape, give ``None``: the client then calls ``action_masks`` itself and
-        sees the same results (and the same exception) as without this shortcut.
-        """
-        if not self._masks_on:
-            return None
-        try:
-            masks = [wrapper_attr(env, MASK_METHOD)() for env in self.envs]
-        except Exception:
-            logger.debug("action_masks() raised on %s; the client will call it", self.env_indices, exc_info=True)
-            return None
-        first = masks[0]
-        if not isinstance(first, np.ndarray) or first.dtype.hasobject:
-            return None
-        for m in masks:
-            if type(m) is not np.ndarray or m.dtype != first.dtype or m.shape != first.shape:
-                return None
-        return np.stack(masks)
+        """Every env's action mask, stacked (:func:`~daskvec.worker.envs.action_masks`), when they travel."""
+        return action_masks(self.envs, self.env_indices) if self._masks_on else None
 
     # ---------------------------------------------------------------- per-env commands
     def _each(self, positions: Sequence[int], fn: Callable[[gym.Env[Any, Any]], Any]) -> list[Any]:
@@ -794,21 +676,13 @@ class EnvGroup:
         return f"EnvGroup(envs={self.env_indices}, worker={self.worker_address!r})"
 
 
-def _close_envs(envs: Sequence[gym.Env[Any, Any]], where: str) -> None:
-    for env in envs:
-        try:
-            env.close()
-        except Exception:  # an env that fails to close must not stop the others
-            logger.exception("closing an env on %s failed", where)
-
-
 def _release_group(
     server: ChannelServer | None, envs: list[gym.Env[Any, Any]], stats: metrics.GroupStats, where: str
 ) -> None:
     """Close what an :class:`EnvGroup` holds (its :class:`Release` job: must not refer to the group)."""
     if server is not None:
         server.close()
-    _close_envs(envs, where)
+    close_envs(envs, where)
     metrics.forget(stats)
 
 

@@ -1,7 +1,7 @@
 """Worker side of an off-policy collection: a group's envs run ``n_steps`` with the shipped actor.
 
-A :class:`~daskvec.protocol.RolloutRequest` with an
-:class:`~daskvec.protocol.ExplorationPlan` (:attr:`Command.OFF_POLICY
+A :class:`~daskvec.rollout_protocol.RolloutRequest` with an
+:class:`~daskvec.rollout_protocol.ExplorationPlan` (:attr:`Command.OFF_POLICY
 <daskvec.protocol.Command.OFF_POLICY>`) carries the learner's actor (SAC's and TD3's
 ``policy.actor``, DQN's ``policy.q_net``: class and constructor arguments pickled once
 per version, weights with every collection) and what the learner drew at random for
@@ -13,7 +13,7 @@ the plan's noise added and clipped (Ornstein-Uhlenbeck noise advanced per env an
 reset when its episode ends), and unscaled for the envs (:func:`explore_actions`,
 which the client uses too). The envs are stepped by the group's own
 :meth:`~daskvec.worker.EnvGroup.step`, as in an on-policy rollout, and the fragment
-comes back as a :class:`~daskvec.protocol.RolloutReply` whose ``actions`` are what
+comes back as a :class:`~daskvec.rollout_protocol.RolloutReply` whose ``actions`` are what
 the replay buffer stores (the scaled, noisy actions).
 
 torch and Stable-Baselines3 are imported only when a collection arrives, as for
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import ExplorationPlan, RolloutReply, RolloutRequest
+from daskvec.rollout_protocol import ExplorationPlan, RolloutReply, RolloutRequest
 from daskvec.worker.obs import normalize_obs
 from daskvec.worker.rollout import _Fragment, _policy
 

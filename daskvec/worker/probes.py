@@ -18,6 +18,8 @@ from datetime import datetime
 from typing import Any
 
 __all__ = [
+    "WORKER_DIRECTORY",
+    "WorkerDirectory",
     "actor_key",
     "current_worker",
     "holds_actor",
@@ -126,6 +128,16 @@ def listen_host(worker: Any) -> str:
     if scheme not in ("tcp", "tls", "ws", "wss"):
         return "127.0.0.1"
     return str(get_address_host(address))
+
+
+class WorkerDirectory:
+    """Default of ``EnvGroup(unix_dir=...)``: the worker's local directory (see :func:`unix_dir`)."""
+
+    def __repr__(self) -> str:
+        return "<the worker's local directory>"
+
+
+WORKER_DIRECTORY = WorkerDirectory()
 
 
 def unix_dir(worker: Any) -> str:

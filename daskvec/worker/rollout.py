@@ -1,6 +1,6 @@
 """Worker side of a rollout: run a group's envs for ``n_steps`` with a copy of the policy.
 
-A :class:`~daskvec.protocol.RolloutRequest` carries the learner's policy (class and
+A :class:`~daskvec.rollout_protocol.RolloutRequest` carries the learner's policy (class and
 constructor arguments, pickled once per version, and its weights as NumPy arrays).
 :func:`run_rollout` keeps one CPU copy of the policy per group, rebuilt only when the
 version changes, loads the weights, and then does on the worker what
@@ -30,7 +30,8 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import RolloutReply, RolloutRequest, StepReply
+from daskvec.protocol import StepReply
+from daskvec.rollout_protocol import RolloutReply, RolloutRequest
 from daskvec.worker.obs import ObsChain
 
 if TYPE_CHECKING:

@@ -292,7 +292,7 @@ class VectorEnvs:
     def reset(
         self,
         seeds: Sequence[int | None],
-        options: Sequence[dict[str, Any]],
+        options: Sequence[dict[str, Any] | None],
         mask: Sequence[bool] | None = None,
         current: Any = None,
     ) -> tuple[Any, list[dict[str, Any]]]:
@@ -317,7 +317,7 @@ class VectorEnvs:
         return obs, [env_info(infos, i, self.skip) for i in range(self.n)]
 
     def check_options(
-        self, options: Sequence[dict[str, Any]], mask: Sequence[bool] | None = None
+        self, options: Sequence[dict[str, Any] | None], mask: Sequence[bool] | None = None
     ) -> dict[str, Any] | None:
         """The one options dict a reset of the envs ``mask`` selects passes to the vector env.
 
@@ -363,7 +363,7 @@ class VectorEnvs:
         self.vec.close()
 
 
-def _one_options(options: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def _one_options(options: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The one options dict a vector env's ``reset`` takes, from the per-env ones."""
     given = [o for o in options if o]
     if not given:

@@ -6,8 +6,8 @@ client's and the direct channel uses TCP, as between real machines. One ``dask w
 (``--nthreads 1``, no nanny) runs in each host; the scheduler listens on the bridge's
 address in the root namespace and the client runs in the calling process.
 
-Latency comes from a transparent delay relay per host (this file run as a script:
-``python -m daskvec.bench.hosts relay``): an ``iptables -t nat ... REDIRECT`` rule in the host sends
+Latency comes from a transparent delay relay per host (:mod:`benchmarks.relay`, run as a
+script inside the host): an ``iptables -t nat ... REDIRECT`` rule in the host sends
 every incoming TCP connection to it, it finds the original destination with
 ``SO_ORIGINAL_DST``, connects there and forwards each chunk after half the round trip,
 in each direction, in order. The rule is installed before the worker starts: a REDIRECT
@@ -20,7 +20,7 @@ manager and the fixture call even when a test fails. Needs root, ``ip``, ``unsha
 ``iptables`` (:func:`missing_requirements` says what is missing; the fixture skips).
 
 Used by the tests (``tests/hosts.py`` adds the pytest fixture) and by the across-hosts
-benchmark (:mod:`daskvec.bench.across`): :func:`emulated_hosts` is a context manager,
+benchmark (:mod:`benchmarks.across`): :func:`emulated_hosts` is a context manager,
 :func:`measure_relay_cost` measures the relay's own round-trip cost. Importing this
 module needs only the standard library.
 """
@@ -31,13 +31,11 @@ import contextlib
 import ipaddress
 import json
 import os
-import queue
 import secrets
 import shutil
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -58,8 +56,8 @@ __all__ = [
     "recv_line",
 ]
 
-HERE = Path(__file__).resolve()
-SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
+#: The delay relay and the echo server, run as scripts inside a host.
+RELAY = Path(__file__).resolve().with_name("relay.py")
 IFACE = "eth0"  # the host's end of its veth pair, inside its namespace
 
 
@@ -313,7 +311,7 @@ class EmulatedHosts:
 
     def _start_relay(self, host: Host) -> None:
         host.relay_log = self.workdir / f"relay-{host.name}.log"
-        cmd = ["ip", "netns", "exec", host.name, sys.executable, str(HERE), "relay",
+        cmd = ["ip", "netns", "exec", host.name, sys.executable, str(RELAY), "relay",
                "--rtt-ms", str(host.rtt_ms), "--log", str(host.relay_log)]  # fmt: skip
         host.relay = self._popen(cmd, stdout=subprocess.PIPE, text=True)
         host.processes.append(host.relay)
@@ -470,13 +468,13 @@ class EmulatedHosts:
 
     # ------------------------------------------------------------------ measuring
     def start_echo(self, host: Host) -> tuple[subprocess.Popen[str], int]:
-        """Start an echo server in ``host`` (this file's ``echo``); returns it and its port.
+        """Start an echo server in ``host`` (:mod:`benchmarks.relay`'s ``echo``); returns it and its port.
 
         Each connection first gets one line, the peer address the server saw: the
         client's (the bridge's) when the connection was direct, the host's own when its
         relay carried it. Then everything is echoed back.
         """
-        p = self._popen(["ip", "netns", "exec", host.name, sys.executable, str(HERE), "echo"],
+        p = self._popen(["ip", "netns", "exec", host.name, sys.executable, str(RELAY), "echo"],
                         stdout=subprocess.PIPE, text=True)  # fmt: skip
         return p, _read_port(p, f"the echo server in {host.name}")
 
@@ -558,157 +556,5 @@ def measure_relay_cost(rounds: int = 2000, rtt_ms: float = 0.0) -> dict[str, flo
     }
 
 
-# --------------------------------------------------------------------------- relay and echo (run in a host)
-def _original_dst(conn: socket.socket) -> tuple[str, int]:
-    raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
-    port, packed = struct.unpack_from("!H4s", raw, 2)
-    return socket.inet_ntoa(packed), port
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close with a RST, as a refused or broken connection would look."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
-
-
-class _Link:
-    """One relayed connection: two directions, each holding its chunks for ``delay`` seconds."""
-
-    def __init__(self, a: socket.socket, b: socket.socket, delay: float) -> None:
-        self.a, self.b, self.delay = a, b, delay
-        self.lock = threading.Lock()
-        self.open_directions = 2
-        self.broken = False
-        for src, dst in ((a, b), (b, a)):
-            if delay > 0:
-                q: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-                threading.Thread(target=self._read, args=(src, q), daemon=True).start()
-                threading.Thread(target=self._write, args=(q, dst), daemon=True).start()
-            else:
-                threading.Thread(target=self._forward, args=(src, dst), daemon=True).start()
-
-    def _forward(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(262144):
-                dst.sendall(data)
-            self._half_close(dst)
-        except OSError:
-            self._break()
-
-    def _read(self, src: socket.socket, q: queue.SimpleQueue[tuple[float, bytes]]) -> None:
-        try:
-            while True:
-                data = src.recv(262144)
-                q.put((time.monotonic() + self.delay, data))
-                if not data:
-                    return
-        except OSError:
-            q.put((0.0, b"!"))  # no delay for a broken connection
-            q.put((0.0, b""))
-
-    def _write(self, q: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket) -> None:
-        try:
-            while True:
-                due, data = q.get()
-                if due == 0.0 and data == b"!":
-                    self._break()
-                    return
-                wait = due - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                if not data:
-                    self._half_close(dst)
-                    return
-                dst.sendall(data)
-        except OSError:
-            self._break()
-
-    def _half_close(self, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-        with self.lock:
-            self.open_directions -= 1
-            done = self.open_directions == 0
-        if done:
-            self.a.close()
-            self.b.close()
-
-    def _break(self) -> None:
-        with self.lock:
-            if self.broken:
-                return
-            self.broken = True
-        for sock in (self.a, self.b):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv on it
-            sock.close()
-
-
-def relay_main(rtt_ms: float, log: str | None) -> None:
-    """Accept redirected connections, connect to their original destination, delay both ways."""
-    delay = rtt_ms / 2000.0
-    with contextlib.suppress(Exception):  # wake from sleeps on time: no 50 us timer slack
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK, 1 ns
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("0.0.0.0", 0))
-    listener.listen(128)
-    print(f"port {listener.getsockname()[1]}", flush=True)
-    logf = open(log, "a", buffering=1) if log else None  # noqa: SIM115 (lives as long as the relay)
-    while True:
-        conn, peer = listener.accept()
-        try:
-            dst = _original_dst(conn)
-            upstream = socket.create_connection(dst, timeout=10)
-            upstream.settimeout(None)
-        except OSError:
-            _reset(conn)
-            continue
-        for s in (conn, upstream):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if logf is not None:
-            logf.write(f"{peer[0]}:{peer[1]} {dst[0]}:{dst[1]}\n")
-        _Link(conn, upstream, delay)
-
-
-def echo_main() -> None:
-    """Echo server: tells each client the peer address it sees, then echoes everything."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("0.0.0.0", 0))
-    listener.listen(16)
-    print(f"port {listener.getsockname()[1]}", flush=True)
-
-    def serve(conn: socket.socket, peer: str) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            conn.sendall(f"{peer}\n".encode())
-            while data := conn.recv(65536):
-                conn.sendall(data)
-
-    while True:
-        conn, (peer, _) = listener.accept()
-        threading.Thread(target=serve, args=(conn, peer), daemon=True).start()
-
-
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="what", required=True)
-    r = sub.add_parser("relay", help="the transparent delay relay (run inside a host)")
-    r.add_argument("--rtt-ms", type=float, default=0.0)
-    r.add_argument("--log", default=None)
-    sub.add_parser("echo", help="an echo server (run inside a host)")
-    sub.add_parser("cost", help="measure the relay's own round-trip cost")
-    args = parser.parse_args()
-    if args.what == "relay":
-        relay_main(args.rtt_ms, args.log)
-    elif args.what == "echo":
-        echo_main()
-    else:
-        print(json.dumps(measure_relay_cost(), indent=1))
+    print(json.dumps(measure_relay_cost(), indent=1))

@@ -222,7 +222,14 @@ def run_ceiling(
             except Exception as e:
                 logger.exception("ceiling: variant %s failed", v)
                 out["variants"][v]["runs"].append({"error": f"{type(e).__name__}: {e}"})
-    ideal = cores * statistics.median(out["dummy_steps_per_s"])
+    _summarise(out)
+    out["load_average_end"] = list(os.getloadavg())
+    return out
+
+
+def _summarise(out: dict[str, Any]) -> None:
+    """The ideal, the parallel ceiling, and each variant's medians over its runs with its fractions of both."""
+    ideal = out["cores"] * statistics.median(out["dummy_steps_per_s"])
     out["ideal_steps_per_s"] = ideal
     out["parallel_ceiling_steps_per_s"] = parallel = statistics.median(out["parallel_steps_per_s"])
     for entry in out["variants"].values():
@@ -236,8 +243,6 @@ def run_ceiling(
         entry["fraction_of_ideal"] = entry["steps_per_s"] / ideal
         entry["fraction_of_parallel"] = entry["steps_per_s"] / parallel
         entry["fraction_runs"] = [x["steps_per_s"] / ideal for x in runs]
-    out["load_average_end"] = list(os.getloadavg())
-    return out
 
 
 def format_ceiling_table(res: dict[str, Any]) -> str:

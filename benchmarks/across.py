@@ -1,7 +1,7 @@
 """Across emulated hosts: synchronous stepping vs worker-side rollouts, with a round-trip sweep.
 
 ``daskvec bench --scenario hosts --rtt 0,2,10`` builds, for each round trip, worker
-hosts on this machine (:mod:`daskvec.bench.hosts`: network and UTS namespaces, a
+hosts on this machine (:mod:`benchmarks.hosts`: network and UTS namespaces, a
 bridge, a transparent delay relay adding the round trip on each host; needs root and
 iptables) and measures on the same ``DaskVecEnv`` (CartPole-v1, 64 envs on 2 hosts by
 default), side by side:
@@ -14,7 +14,7 @@ default), side by side:
   (worker-side rollouts, buffer filled on the client): one round trip per rollout;
 - ``ppo_wall_s`` and ``daskppo_wall_s``: ``learn()`` for a fixed number of timesteps
   with PPO over the synchronous vec env and with DaskPPO;
-- ``learning`` (:mod:`daskvec.bench.across_learn`, issue 23): ``learn()`` throughput,
+- ``learning`` (:mod:`benchmarks.across_learn`, issue 23): ``learn()`` throughput,
   training included, of DaskSAC (Pendulum-v1 x16, ``train_freq=(16, "step")``,
   ``gradient_steps=16``) and DaskPPO with ``CnnPolicy`` on 84x84x4 frame stacks, beside
   SAC and PPO over a synchronous DaskVecEnv, with the ``step_wait`` calls per collection;
@@ -34,6 +34,7 @@ import json
 import logging
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -42,7 +43,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from daskvec.bench.across_learn import LearnSettings, format_learning_table, image_env, learning_ratios
+from benchmarks.across_learn import LearnSettings, format_learning_table, image_env, learning_ratios
 from daskvec.bench.envs import action_cycle
 from daskvec.bench.machine import machine_info
 
@@ -101,8 +102,8 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
     """Every figure at one round trip, on fresh emulated hosts."""
     from stable_baselines3 import PPO
 
-    from daskvec.bench.across_learn import measure_learning
-    from daskvec.bench.hosts import emulated_hosts
+    from benchmarks.across_learn import measure_learning
+    from benchmarks.hosts import emulated_hosts
     from daskvec.sb3 import DaskPPO
     from daskvec.vec_env import DaskVecEnv
 
@@ -190,7 +191,7 @@ def run_across_hosts(
     RuntimeError
         Emulated hosts cannot be built here (no root, ``ip`` or ``iptables``).
     """
-    from daskvec.bench.hosts import measure_relay_cost, missing_requirements
+    from benchmarks.hosts import measure_relay_cost, missing_requirements
 
     reason = missing_requirements()
     if reason:
@@ -200,23 +201,11 @@ def run_across_hosts(
     opts: dict[str, Any] = {"seconds": seconds, "n_steps": n_steps, "rollouts": rollouts, "timesteps": timesteps,
                             "seed": seed, "repeat": repeat, "learning": learning or LearnSettings()}  # fmt: skip
     started = time.perf_counter()
-    results: dict[str, Any] = {
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
-        "settings": {
-            "rtts_ms": list(rtts),
-            "n_hosts": n_hosts,
-            "n_envs": n_envs,
-            "env": "CartPole-v1",
-            **opts,
-            "learning": opts["learning"].describe(image_env()[1]),
-        },
-        "relay": measure_relay_cost(),
-        "rows": [],
-        "complete": False,
-    }
-    import tempfile
-
+    settings = {"rtts_ms": list(rtts), "n_hosts": n_hosts, "n_envs": n_envs, "env": "CartPole-v1", **opts,
+                "learning": opts["learning"].describe(image_env()[1])}  # fmt: skip
+    results: dict[str, Any] = {"created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                               "machine": machine_info(), "settings": settings, "relay": measure_relay_cost(),
+                               "rows": [], "complete": False}  # fmt: skip
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with _terminate_as_exit(), tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
         for k, rtt in enumerate(rtts):

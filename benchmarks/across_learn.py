@@ -1,4 +1,4 @@
-"""Learning throughput across emulated hosts (issue 23 part 3), for :mod:`daskvec.bench.across`.
+"""Learning throughput across emulated hosts (issue 23 part 3), for :mod:`benchmarks.across`.
 
 Two workloads, each with the worker-side learner beside SB3's own algorithm over the
 same synchronous :class:`~daskvec.DaskVecEnv`, timed over ``learn()`` (env-steps per
@@ -8,8 +8,8 @@ second, training included):
   ``train_freq=(16, "step")``, ``gradient_steps=16``);
 - ``cnn``: :class:`~daskvec.sb3.DaskPPO` and SB3's ``PPO`` with ``CnnPolicy`` on 84x84x4
   frame stacks (``VecFrameStack(4)`` over 84x84 grey frames: Atari Pong when ``ale-py``
-  is installed, otherwise a cheap synthetic image env, :class:`~daskvec.bench.envs.ImageEnv`
-  turned grey; the results say which).
+  is installed, otherwise :func:`~daskvec.bench.envs.grey_frames`, a cheap synthetic image
+  env; the results say which).
 
 Every ``learn()`` counts the vec env's own ``step_wait`` calls and worker-side
 collections: the Dask learners must see at most one ``step_wait`` per collection (none
@@ -29,23 +29,18 @@ from typing import Any
 
 import gymnasium as gym
 
-from daskvec.bench.envs import ImageEnv, make_atari
+from daskvec.bench.envs import grey_frames, make_atari
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "LearnSettings", "StepWaitSpy", "format_learning_table", "grey_frames", "image_env", "learning_ratios",
-    "measure_learning", "pendulum",
+    "LearnSettings", "StepWaitSpy", "format_learning_table", "image_env", "learning_ratios", "measure_learning",
+    "pendulum",
 ]  # fmt: skip
 
 
 #: The off-policy workload's env (gymnasium's own factory).
 pendulum = functools.partial(gym.make, "Pendulum-v1")
-
-
-def grey_frames() -> gym.Env[Any, Any]:
-    """84x84x1 ``uint8`` grey frames with a cheap step: ``ImageEnv`` through ``GrayscaleObservation``."""
-    return gym.wrappers.GrayscaleObservation(ImageEnv(84, horizon=200), keep_dim=True)
 
 
 def image_env() -> tuple[Callable[[], gym.Env[Any, Any]], str]:

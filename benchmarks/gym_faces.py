@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -229,3 +229,19 @@ def format_gym_case(case: dict[str, Any]) -> list[str]:
         ratio, ideal = case["recv_over_sync"], case["ideal_recv_over_sync"]
         lines.append(f"{case['case']:<12} recv / step(): x{ratio:.2f} (ideal x{ideal:.2f})")
     return lines
+
+
+def scenario_cases(scenario: str, sizes: list[int], kinds: list[str], opts: Any) -> Iterator[dict[str, Any]]:
+    """``daskvec bench --scenario gym-faces`` or ``straggler`` with the run's options (its first env count)."""
+    n = sizes[0]
+    seconds = opts.seconds if opts.steps is None else max(0.2, opts.steps / 100)
+    if scenario == "gym-faces":
+        yield gym_faces_case(n, seconds, opts.warmup, opts.seed, opts.scheduler, repeat=opts.repeat)
+        return
+    groups = max(2, n // 4)
+    per_group = max(1, n // groups)
+    yield straggler_case(seconds, opts.warmup, opts.seed, opts.scheduler, groups=groups, envs_per_group=per_group)
+
+
+#: Table lines of a case, for ``daskvec bench``'s table.
+format_case = format_gym_case

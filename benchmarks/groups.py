@@ -179,3 +179,13 @@ def format_groups_case(case: dict[str, Any]) -> list[str]:
         f"({res['wall_s_per_group'] * us:.1f} us/group), client CPU {res['cpu_s_per_vec_step'] * us:,.0f} us/vec-step "
         f"({res['cpu_s_per_group'] * us:.1f} us/group); {res['transport']}"
     ]
+
+
+def scenario_cases(scenario: str, sizes: list[int], kinds: list[str], opts: Any) -> Iterator[dict[str, Any]]:
+    """``daskvec bench --scenario groups``: its cases when DaskVecEnv is among the vec envs (none otherwise)."""
+    if "dask" in kinds:
+        yield from groups_cases(sizes, opts)
+
+
+#: Table lines of a case, for ``daskvec bench``'s table.
+format_case = format_groups_case

@@ -12,7 +12,7 @@ trip shows in the client's share: it happens between two steps).
 
 .. code-block:: console
 
-    $ python -m daskvec.bench.masks --n-envs 8 --timesteps 8192 --repeat 3
+    $ python -m benchmarks.masks --n-envs 8 --timesteps 8192 --repeat 3
 
 Needs ``sb3-contrib``. Workers import this module to build :class:`MaskedCycleEnv`, so
 its top level imports only NumPy and Gymnasium.
@@ -185,8 +185,8 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m daskvec.bench.masks``: print the medians (and write JSON with ``--out``)."""
-    parser = argparse.ArgumentParser(prog="python -m daskvec.bench.masks", description=__doc__.split("\n\n")[0])
+    """``python -m benchmarks.masks``: print the medians (and write JSON with ``--out``)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.masks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-envs", type=int, default=8, help="envs (default 8)")
     parser.add_argument("--timesteps", type=int, default=8192, help="MaskablePPO timesteps per run (default 8192)")
     parser.add_argument("--repeat", type=int, default=3, help="runs with and without the cache (default 3)")

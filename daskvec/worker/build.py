@@ -1,0 +1,178 @@
+"""Building a group's envs from their factories, on the worker.
+
+An :class:`~daskvec.worker.group.EnvGroup` gets its envs' factories pickled; this module
+calls them: one env per factory (:func:`build_envs`, :func:`build_env`, which checks
+that each returns a new env), or the group's one vectorized env (:func:`build_vector`).
+With a build timeout the factories run on a thread of their own (:func:`build_group`),
+abandoned when they take longer, so that a hanging factory frees the worker's task
+thread and is named in an :class:`~daskvec.errors.EnvBuildTimeoutError`. What a factory
+raises carries a note naming its env and worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+
+from daskvec.errors import EnvBuildTimeoutError
+from daskvec.protocol import Autoreset
+from daskvec.worker.envs import factory_name
+from daskvec.worker.vector import VectorEnvs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_env", "build_envs", "build_group", "build_vector", "close_envs"]
+
+
+def build_group(
+    factories: Sequence[Callable[[], Any]],
+    env_indices: Sequence[int],
+    where: str,
+    autoreset: Autoreset,
+    vector: bool,
+    timeout: float | None,
+) -> list[gym.Env[Any, Any]] | VectorEnvs:
+    """A group's envs (or, with ``vector``, its one vectorized env), built within ``timeout`` seconds.
+
+    Parameters
+    ----------
+    factories : sequence of callable
+        One per env (or the vector env's one).
+    env_indices : sequence of int
+        The envs' vec-env indices, for the messages (empty for a vector group not numbered yet).
+    where : str
+        The worker's address, for the messages.
+    autoreset : Autoreset
+        The group's autoreset mode (a vector env must be able to follow it).
+    vector : bool
+        Whether the one factory makes a vectorized env.
+    timeout : float or None
+        ``None``: the factories run on the calling thread; else on a thread of their own,
+        abandoned after ``timeout`` seconds (:class:`~daskvec.errors.EnvBuildTimeoutError`).
+    """
+
+    def build(progress: list[int] | None = None) -> list[gym.Env[Any, Any]] | VectorEnvs:
+        if vector:
+            return build_vector(factories[0], env_indices, where, autoreset)
+        return build_envs(factories, env_indices, where, progress)
+
+    if timeout is None:
+        return build()
+    progress = [0]
+    done: dict[str, Any] = {}
+    abandoned = threading.Event()
+
+    def run() -> None:
+        try:
+            done["envs"] = build(progress)
+        except BaseException as e:
+            done["error"] = e
+        if abandoned.is_set() and "envs" in done:  # too late: nobody will use them
+            envs = done["envs"]
+            close_envs(envs if isinstance(envs, list) else [envs], where)
+
+    thread = threading.Thread(target=run, name="daskvec-build", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        abandoned.set()
+        raise _hung(factories, env_indices, where, vector, timeout, progress[0])
+    if "error" in done:
+        raise done["error"]
+    envs: list[gym.Env[Any, Any]] | VectorEnvs = done["envs"]
+    return envs
+
+
+def _hung(
+    factories: Sequence[Callable[[], Any]],
+    env_indices: Sequence[int],
+    where: str,
+    vector: bool,
+    timeout: float,
+    pos: int,
+) -> EnvBuildTimeoutError:
+    """The error for a factory that did not return within ``timeout`` (the ``pos``-th one)."""
+    if vector:
+        return EnvBuildTimeoutError(
+            f"the vector env factory ({factory_name(factories[0])}) did not return within "
+            f"{timeout:g}s on worker {where}; its thread was abandoned and the worker is "
+            "free. Check what the factory waits for, or pass a larger timeout=",
+            env_indices=list(env_indices),
+        )
+    return EnvBuildTimeoutError(
+        f"the factory of env {env_indices[pos]} ({factory_name(factories[pos])}) did not "
+        f"return within {timeout:g}s on worker {where}; its thread was abandoned and "
+        "the worker is free. Check what the factory waits for, or pass a larger timeout=",
+        env_indices=[env_indices[pos]],
+    )
+
+
+def build_vector(
+    factory: Callable[[], Any], env_indices: Sequence[int], where: str, autoreset: Autoreset
+) -> VectorEnvs:
+    """A group's one vectorized env from its factory, as :class:`~daskvec.worker.vector.VectorEnvs`."""
+    try:
+        vec = factory()
+    except Exception as e:
+        e.add_note(f"daskvec: raised by the vector env factory of envs {list(env_indices)} on {where}")
+        raise
+    try:
+        return VectorEnvs(vec, autoreset)
+    except Exception:
+        with contextlib.suppress(Exception):
+            vec.close()
+        raise
+
+
+def build_envs(
+    factories: Sequence[Callable[[], Any]], env_indices: Sequence[int], where: str, progress: list[int] | None = None
+) -> list[gym.Env[Any, Any]]:
+    """One env per factory, each a new one (``progress[0]``: the position being built); all closed if one fails."""
+    envs: list[gym.Env[Any, Any]] = []
+    try:
+        for pos, fn in enumerate(factories):
+            if progress is not None:
+                progress[0] = pos
+            env = build_env(fn, env_indices[pos], where)
+            for other_pos, other in enumerate(envs):
+                if other is env:
+                    raise ValueError(
+                        f"env factories {env_indices[other_pos]} and {env_indices[pos]} returned "
+                        "the same environment instance; each factory must create a new env "
+                        "(e.g. `lambda: gym.make(...)`)"
+                    )
+            envs.append(env)
+    except BaseException:
+        close_envs(envs, where)
+        raise
+    return envs
+
+
+def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any, Any]:
+    """Env ``index`` from its factory, checked to be an env."""
+    try:
+        env = factory()
+    except Exception as e:
+        e.add_note(f"daskvec: raised by the factory of env {index} on worker {where}")
+        raise
+    if not (hasattr(env, "step") and hasattr(env, "reset")):
+        raise TypeError(
+            f"the factory of env {index} returned {type(env).__name__!r}, not a gymnasium.Env; "
+            "env_fns must be callables that create an environment"
+        )
+    env_: gym.Env[Any, Any] = env
+    return env_
+
+
+def close_envs(envs: Sequence[Any], where: str) -> None:
+    """Close every env (or vector env); one that fails to close is logged and does not stop the others."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:
+            logger.exception("closing an env on %s failed", where)
