@@ -47,7 +47,7 @@ def image_env() -> tuple[Callable[[], gym.Env[Any, Any]], str]:
     """The CNN workload's env factory and its name: Atari Pong if ``ale-py`` is installed, else ``grey_frames``."""
     if importlib.util.find_spec("ale_py") is not None:
         return functools.partial(make_atari, "PongNoFrameskip-v4"), "PongNoFrameskip-v4 (ale-py, AtariWrapper)"
-    return grey_frames, "synthetic 84x84 grey frames (daskvec.bench.envs.ImageEnv; ale-py not installed)"
+    return grey_frames, "synthetic 84x84 grey frames (daskvec.bench.envs.grey_frames; ale-py not installed)"
 
 
 @dataclasses.dataclass(frozen=True)
