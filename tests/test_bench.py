@@ -509,6 +509,70 @@ def test_across_hosts_goals_and_table() -> None:
     assert [line.split()[0] for line in table.splitlines()[2:5]] == ["0", "2", "10"]
 
 
+def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:
+    def fig(steps: float, per_collection: float) -> dict[str, Any]:
+        return {"steps_per_s": steps, "step_waits_per_collection": per_collection, "collect_s": 1.0, "train_s": 2.0}
+
+    return {"sac": {"dask": fig(sac, waits), "sb3": fig(sac / (1 + rtt), 16.0)},
+            "cnn": {"dask": fig(cnn, waits), "sb3": fig(cnn / (1 + rtt), 64.0)}}  # fmt: skip
+
+
+def test_across_hosts_learning_goals_and_table() -> None:
+    """DaskSAC's and the CNN DaskPPO's learn() at 10 ms as fractions of 0 ms, and the step_wait counts, in the
+    goals and the table (issue 23)."""
+    from benchmarks.across import _ratios, format_across_table
+    from benchmarks.across_learn import LearnSettings
+
+    def row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:
+        return {"rtt_ms": rtt, "sync_steps_per_s": 1.0, "sync_collect_steps_per_s": 1.0, "rollout_steps_per_s": 1.0,
+                "ppo_wall_s": 1.0, "daskppo_wall_s": 1.0, "learning": learning_row(rtt, sac, cnn, waits)}  # fmt: skip
+
+    def results(*rows: dict[str, Any]) -> dict[str, Any]:
+        res = {"settings": {"n_envs": 64, "n_hosts": 2, "n_steps": 128, "timesteps": 1000,
+                            "learning": LearnSettings().describe("grey frames")},
+               "relay": {"cost_us": 40.0, "direct_us": 25.0, "relayed_us": 65.0}, "rows": list(rows)}  # fmt: skip
+        _ratios(res)
+        return res
+
+    res = results(row(0, 1000.0, 400.0), row(2, 950.0, 390.0), row(10, 800.0, 200.0))
+    assert res["rows"][2]["learning"]["sac"]["dask"]["vs_0ms"] == pytest.approx(0.8)
+    assert res["rows"][2]["learning"]["cnn"]["sb3"]["vs_0ms"] == pytest.approx(200 / 11 / 400)
+    goals = res["goals"]
+    assert goals["daskSAC_at_10ms_ge_0.7_of_0ms"] and not goals["daskPPO_cnn_at_10ms_ge_0.7_of_0ms"]
+    assert goals["dask_learners_at_most_one_step_wait_per_collection"]
+    table = format_across_table(res)
+    assert "grey frames x8, VecFrameStack(4)" in table and "gradient_steps=16" in table
+    lines = table.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rtt", "ms"] and "DaskSAC" in line)
+    assert [line.split()[0] for line in lines[head + 1 : head + 4]] == ["0", "2", "10"]
+    assert lines[head + 3].split()[1:3] == ["800", "0.80"] and lines[head + 3].split()[-4:] == ["0", "16", "0", "64"]
+    # a Dask learner that stepped through the vec env (SB3's loop: a step_wait per vec-step) misses the goal
+    res = results(row(0, 1000.0, 400.0), row(10, 900.0, 390.0, waits=16.0))
+    assert not res["goals"]["dask_learners_at_most_one_step_wait_per_collection"]
+    assert "dask_learners_at_most_one_step_wait_per_collection=NOT met" in format_across_table(res)
+
+
+def test_across_hosts_learning_cases_collect_on_the_workers(client2: Any) -> None:
+    """The benchmark's two learning cases, tiny, on a LocalCluster: the Dask learners collect on the workers
+    (no step_wait of the DaskVecEnv, a worker-side collection per collection), SB3's pay a step_wait per
+    vec-step; a fallback to SB3's loop fails this."""
+    from benchmarks.across_learn import LearnSettings, measure_learning
+    from daskvec.bench.envs import grey_frames
+
+    tiny = LearnSettings(sac_envs=4, sac_freq=4, sac_timesteps=64, cnn_envs=2, cnn_n_steps=8, cnn_timesteps=32,
+                         cnn_batch_size=16)  # fmt: skip
+    got = measure_learning(client2, tiny, seed=0, repeat=1, image=grey_frames)
+    for case, collections, per in (("sac", 4, 4), ("cnn", 2, 8)):
+        dask, sb3 = got[case]["dask"], got[case]["sb3"]
+        assert dask["collections"] == sb3["collections"] == collections, (case, dask, sb3)
+        assert dask["vec_steps"] == sb3["vec_steps"] == collections * per
+        assert (dask["worker_collections"], dask["step_waits_per_collection"]) == (collections, 0), (case, dask)
+        assert (sb3["worker_collections"], sb3["step_waits_per_collection"]) == (0, per), (case, sb3)
+        assert dask["steps_per_s"] > 0 and sb3["steps_per_s"] > 0 and len(dask["samples"]) == 1
+        assert dask["collect_s"] > 0 and sb3["collect_s"] > 0 and (case == "sac" or sb3["train_s"] > 0)
+        assert got[case]["restarts"] == 0
+
+
 def test_rtt_option_is_checked() -> None:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

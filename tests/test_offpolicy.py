@@ -369,7 +369,7 @@ def test_one_step_wait_per_vec_step_with_sb3s_sac(client2: Any) -> None:
     assert counter.step_waits == 4 * K and counter.collections == 0
 
 
-@pytest.mark.parametrize("cls", [DaskSAC, DaskDQN])
+@pytest.mark.parametrize("cls", [DaskSAC, DaskTD3, DaskDQN])
 def test_at_most_one_step_wait_per_collection(cls: Any, client2: Any) -> None:
     """During learn(), the learner's DaskVecEnv sees no step_wait: one collection request per train_freq."""
     env_fn = short_cartpole if cls is DaskDQN else short_pendulum

@@ -84,7 +84,7 @@ def test_version_is_written_once() -> None:
 
 
 #: What the wheel's ``daskvec/bench/`` may weigh, in lines: the user-facing scenarios only (issue 26).
-BENCH_MAX_LINES = 1550
+BENCH_MAX_LINES = 1575
 #: Nothing the wheel installs may need root, a firewall, network namespaces, a browser or mocks.
 TEST_BED_WORDS = ("iptables", "netns", "ip netns", "chromium", "unittest.mock", "from unittest import mock")
 

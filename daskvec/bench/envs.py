@@ -8,7 +8,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["BusyEnv", "ImageEnv", "action_cycle", "burn_cpu", "busy_loop", "make_atari", "make_envpool"]
+__all__ = [
+    "BusyEnv",
+    "ImageEnv",
+    "action_cycle",
+    "burn_cpu",
+    "busy_loop",
+    "grey_frames",
+    "make_atari",
+    "make_envpool",
+]
 
 
 def _spin(iterations: int) -> int:
@@ -112,6 +121,12 @@ class ImageEnv(gym.Env[np.ndarray, np.int64]):
         self.t += 1
         obs = np.bitwise_xor(self.base, np.uint8((self.t + int(action)) & 0xFF))
         return obs, float(action), False, self.t >= self.horizon, {}
+
+
+def grey_frames() -> gym.Env[Any, Any]:
+    """84x84x1 ``uint8`` grey frames with a cheap step (Atari-sized after ``AtariWrapper``): ``ImageEnv`` through
+    ``GrayscaleObservation``."""
+    return gym.wrappers.GrayscaleObservation(ImageEnv(84, horizon=200), keep_dim=True)
 
 
 def action_cycle(space: gym.Space[Any], n_envs: int, length: int, seed: int) -> np.ndarray:
