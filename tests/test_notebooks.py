@@ -25,6 +25,11 @@ def run_notebook(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **p
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # the kernel runs as a user's would: the notebook alone decides about Dask's profiler
     monkeypatch.delenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", raising=False)
+    # nor of what an import in this process left behind: importing envpool (the vector-group
+    # and workload tests) sets MPLBACKEND=Agg in os.environ, which would keep the kernel's
+    # plots from showing inline
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
