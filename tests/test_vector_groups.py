@@ -393,3 +393,23 @@ def test_envpool_groups_on_the_gymnasium_face(client2: Any) -> None:
             np.testing.assert_array_equal(infos["elapsed_step"], np.concatenate([o[4]["elapsed_step"] for o in outs]))
         for ref in refs:
             ref.close()
+
+
+def test_a_rebuild_of_another_size_is_refused_with_both_sizes() -> None:
+    """A rebuilt vector group (lost worker, move, restart) keeps its env numbers: a factory making more is refused."""
+    import cloudpickle
+
+    from daskvec.errors import EnvBuildError
+    from daskvec.protocol import GroupSpec
+    from daskvec.worker.group import EnvGroup
+
+    four = vector_fns([functools.partial(CountingEnv, horizon=4) for _ in range(4)], [4], AutoresetMode.SAME_STEP)
+    factories = cloudpickle.dumps(four)
+    with pytest.raises(EnvBuildError, match=r"made 4 envs .* holds 2 \(envs \[8, 9\]\)") as caught:
+        EnvGroup(factories, GroupSpec((8, 9), token=None, vector=True), worker_address="test")
+    assert caught.value.env_indices == [8, 9]
+    group = EnvGroup(factories, GroupSpec((8, 9, 10, 11), token=None, vector=True), worker_address="test")
+    try:
+        assert group.env_indices == [8, 9, 10, 11] and len(group.envs) == 4
+    finally:
+        group.shutdown()

@@ -19,7 +19,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from daskvec.errors import EnvBuildTimeoutError
+from daskvec.errors import EnvBuildError, EnvBuildTimeoutError
 from daskvec.protocol import Autoreset
 from daskvec.worker.envs import factory_name
 from daskvec.worker.vector import VectorEnvs
@@ -122,11 +122,22 @@ def build_vector(
         e.add_note(f"daskvec: raised by the vector env factory of envs {list(env_indices)} on {where}")
         raise
     try:
-        return VectorEnvs(vec, autoreset)
+        built = VectorEnvs(vec, autoreset)
     except Exception:
         with contextlib.suppress(Exception):
             vec.close()
         raise
+    if env_indices and built.n != len(env_indices):  # a rebuild: its envs keep their numbers
+        with contextlib.suppress(Exception):
+            built.close()
+        raise EnvBuildError(
+            f"the vector env factory ({factory_name(factory)}) made {built.n} envs on worker {where}, but "
+            f"its group holds {len(env_indices)} (envs {list(env_indices)}) since its first build; a vector "
+            "env factory must make the same number of envs every time it is called (do not size it by the "
+            "machine, e.g. with os.cpu_count())",
+            env_indices=list(env_indices),
+        )
+    return built
 
 
 def build_envs(
