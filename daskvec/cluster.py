@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -399,48 +401,86 @@ def _installed_dirs() -> tuple[str, ...]:
     return tuple(_stdlib_and_site_dirs())
 
 
-@functools.lru_cache(maxsize=256)
-def _holds_installed_packages(directory: str) -> bool:
-    """Whether ``directory`` is where a tool installed packages: it holds ``*.dist-info`` metadata.
-
-    pip (``--target``, ``--prefix``, a venv), conda and HPC module systems write each
-    distribution's ``.dist-info`` beside its packages; a user's own code, and a project
-    installed in editable mode (whose metadata lives in the environment's site-packages),
-    has none beside it.
-    """
+def _is_editable(dist: importlib.metadata.Distribution) -> bool:
+    """Whether ``dist`` was installed in editable mode (PEP 660's ``direct_url.json``): its code is the user's."""
     try:
-        with os.scandir(directory) as entries:
-            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
-    except OSError:
+        text = dist.read_text("direct_url.json")
+        return text is not None and bool(json.loads(text).get("dir_info", {}).get("editable"))
+    except (OSError, ValueError, AttributeError):
         return False
+
+
+def _top_levels(dist: importlib.metadata.Distribution) -> set[str]:
+    """The top-level import names ``dist`` installs: its ``top_level.txt``, else the first parts of its files."""
+    text = dist.read_text("top_level.txt")
+    if text:
+        return {line.strip() for line in text.splitlines() if line.strip()}
+    tops: set[str] = set()
+    for file in dist.files or ():
+        first = file.parts[0] if file.parts else ""
+        if not first or first == ".." or first.endswith((".dist-info", ".egg-info", ".data")):
+            continue
+        if len(file.parts) > 1:
+            tops.add(first)
+        elif first.endswith((".py", ".so", ".pyd")):
+            tops.add(first.split(".")[0])
+    return tops
+
+
+@functools.lru_cache(maxsize=4)
+def _installed_roots(path: tuple[str, ...]) -> dict[str, frozenset[str]]:
+    """For each top-level name an installed (not editable) distribution provides, the directories it lives in.
+
+    Found from the distributions' metadata on ``path`` (``sys.path``), wherever they were
+    installed: a venv, ``pip install --target`` or ``--prefix`` on ``PYTHONPATH``, an HPC
+    module, a zip with its ``.dist-info``, an ``.egg-info`` of ``setup.py install``.
+    """
+    roots: dict[str, set[str]] = {}
+    for dist in importlib.metadata.distributions(path=list(path)):
+        if _is_editable(dist):
+            continue
+        try:
+            root = os.path.realpath(str(dist.locate_file("")))
+            tops = _top_levels(dist)
+        except Exception:  # unreadable metadata: that distribution is not counted
+            continue
+        for top in tops:
+            roots.setdefault(top, set()).add(root)
+    return {top: frozenset(dirs) for top, dirs in roots.items()}
+
+
+def _import_roots(mod: types.ModuleType) -> list[str]:
+    """The directories ``mod`` (a top-level module or package, or a namespace package) was imported from."""
+    path = getattr(mod, "__file__", None)
+    if path:
+        real = os.path.realpath(path)
+        parent = os.path.dirname(real)
+        return [os.path.dirname(parent) if os.path.basename(real).startswith("__init__.") else parent]
+    # a namespace package: no file, one directory per portion
+    return [os.path.dirname(os.path.realpath(p)) for p in list(getattr(mod, "__path__", None) or [])]
 
 
 def _is_local_module(mod: types.ModuleType) -> bool:
     """Whether ``mod`` (a top-level module) is user code, to be sent to the workers by value.
 
-    Not user code: the standard library and the interpreter's site directories, and any
-    directory on ``PYTHONPATH`` (or a ``.pth`` line) that holds installed distributions,
-    such as ``pip install --target`` makes: their modules (NumPy, Gymnasium, cloudpickle
-    itself) are imported on the workers as on the client.
+    Not user code: the standard library, what lives in the interpreter's site directories,
+    and any module an installed distribution (not an editable one) put where it was
+    imported from, wherever that is on ``sys.path`` (``PYTHONPATH``, ``pip install
+    --target``): NumPy, Gymnasium, cloudpickle itself are imported on the workers. A
+    user's own modules and packages (namespace packages too), and projects installed in
+    editable mode, are user code.
     """
     name = mod.__name__
     if name == "__main__" or name.split(".")[0] in ("daskvec", "distributed", "dask"):
         return False
     if name in sys.builtin_module_names:
         return False
-    path = getattr(mod, "__file__", None)
-    if not path:
+    roots = _import_roots(mod)
+    if not roots:
         return False
-    real = os.path.realpath(path)
-    if any(real.startswith(d + os.sep) for d in _installed_dirs()):
-        return False
-    # a package's directory is its __init__'s; the directory it sits in is the import root
-    root = (
-        os.path.dirname(os.path.dirname(real))
-        if os.path.basename(real).startswith("__init__.")
-        else os.path.dirname(real)
-    )
-    return not _holds_installed_packages(root)
+    installed = _installed_dirs()
+    provided = _installed_roots(tuple(sys.path)).get(name, frozenset())
+    return any(r not in provided and not any((r + os.sep).startswith(d + os.sep) for d in installed) for r in roots)
 
 
 def _top_local_modules() -> list[types.ModuleType]:

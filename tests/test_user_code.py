@@ -210,30 +210,67 @@ def test_env_from_a_script_main(procs: DaskProcesses, tmp_path: Path) -> None:
     assert lines["after-reset"] == "[[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]"
 
 
-def test_a_directory_of_installed_packages_on_the_path_is_not_user_code(tmp_path: Path) -> None:
-    """``pip install --target`` on ``PYTHONPATH``: its packages travel by reference; a user's own module by value."""
+def _dist_info(where: Path, name: str, *, top_level: str | None = None, record: str | None = None) -> None:
+    info = where / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    if top_level is not None:
+        (info / "top_level.txt").write_text(top_level + "\n")
+    if record is not None:
+        (info / "RECORD").write_text(record)
+
+
+def test_installed_distributions_anywhere_on_the_path_are_not_user_code(tmp_path: Path) -> None:
+    """``pip install --target`` on ``PYTHONPATH``, an egg-info install, a zip: by reference; the user's code by value.
+
+    The user's own module stays user code even beside vendored distributions, and so does
+    a namespace package of the user's.
+    """
     import importlib
+    import zipfile
 
     from daskvec import cluster
 
-    site = tmp_path / "target"
+    site = tmp_path / "target"  # pip install --target: packages with their .dist-info
     (site / "fakelib_dv").mkdir(parents=True)
     (site / "fakelib_dv" / "__init__.py").write_text("X = 1\n")
-    (site / "fakelib_dv-1.0.dist-info").mkdir()
+    _dist_info(site, "fakelib_dv", top_level="fakelib_dv")
     (site / "single_dv.py").write_text("Y = 2\n")
-    user = tmp_path / "project"
-    user.mkdir()
-    (user / "my_envs_dv.py").write_text("Z = 3\n")
-    sys.path[:0] = [str(site), str(user)]
+    _dist_info(site, "single_dv", record="single_dv.py,,\n")
+    eggs = tmp_path / "eggs"  # setup.py install: an .egg-info beside the package
+    (eggs / "epkg_dv").mkdir(parents=True)
+    (eggs / "epkg_dv" / "__init__.py").write_text("E = 1\n")
+    (eggs / "epkg_dv-1.0-py3.11.egg-info").mkdir()
+    (eggs / "epkg_dv-1.0-py3.11.egg-info" / "PKG-INFO").write_text(
+        "Metadata-Version: 1.1\nName: epkg_dv\nVersion: 1.0\n"
+    )
+    (eggs / "epkg_dv-1.0-py3.11.egg-info" / "top_level.txt").write_text("epkg_dv\n")
+    deps = tmp_path / "deps.zip"  # a zip on the path, metadata inside
+    with zipfile.ZipFile(deps, "w") as z:
+        z.writestr("zpkg_dv/__init__.py", "Z = 1\n")
+        z.writestr("zpkg_dv-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: zpkg_dv\nVersion: 1.0\n")
+        z.writestr("zpkg_dv-1.0.dist-info/top_level.txt", "zpkg_dv\n")
+    project = tmp_path / "project"  # the user's code, with vendored packages beside it
+    (project / "my_ns_dv" / "sub").mkdir(parents=True)
+    (project / "my_ns_dv" / "sub" / "__init__.py").write_text("N = 1\n")
+    (project / "my_envs_dv.py").write_text("Z = 3\n")
+    (project / "vendored_dv.py").write_text("V = 4\n")
+    _dist_info(project, "vendored_dv", record="vendored_dv.py,,\n")
+    names = {
+        "fakelib_dv": False, "single_dv": False, "epkg_dv": False, "zpkg_dv": False, "vendored_dv": False,
+        "my_envs_dv": True, "my_ns_dv": True,
+    }  # fmt: skip
+    sys.path[:0] = [str(site), str(eggs), str(deps), str(project)]
     try:
-        for name, local in (("fakelib_dv", False), ("single_dv", False), ("my_envs_dv", True)):
+        for name, local in names.items():
             mod = importlib.import_module(name)
             assert cluster._is_local_module(mod) is local, name
             assert (mod in cluster._top_local_modules()) is local, name
     finally:
-        del sys.path[:2]
-        for name in ("fakelib_dv", "single_dv", "my_envs_dv"):
+        del sys.path[:4]
+        for name in names:
             sys.modules.pop(name, None)
+        sys.modules.pop("my_ns_dv.sub", None)
 
 
 PYTHONPATH_SCRIPT = """
