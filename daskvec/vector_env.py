@@ -182,6 +182,8 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         client: Any = None,
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]] = "same",
+        copy: bool = True,
         batch_size: int | None = None,
         cluster_kwargs: dict[str, Any] | None = None,
         **options: Any,
@@ -202,8 +204,12 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             Zero-argument callables that each create one vectorized env (called on the workers).
         client : distributed.Client, str, Cluster or None, optional
             Where the envs run.
-        autoreset_mode, batch_size, cluster_kwargs, **options
-            As for the constructor (``envs_per_actor`` is ignored).
+        autoreset_mode, observation_mode, copy, batch_size, cluster_kwargs, **options
+            As for the constructor (``envs_per_actor`` is ignored). ``observation_mode``
+            batches the envs of all the vector envs together: ``"different"`` when their
+            spaces differ in bounds (a vector env's envs as its ``SyncVectorEnv.envs`` hold
+            them; a vector env that does not hold its envs gives every env its
+            ``single_observation_space``).
 
         Returns
         -------
@@ -220,7 +226,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self.closed = True
         mode = layout.autoreset_mode(autoreset_mode)
         checked = Options.create(**options)
-        spaces = layout.ObservationMode("same")
+        spaces = layout.ObservationMode(observation_mode)
         engine = Engine(
             vector_env_fns,
             client,
@@ -236,7 +242,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         except ValueError:
             engine.close()
             raise
-        self._attach(engine, mode, spaces, "same", True)
+        self._attach(engine, mode, spaces, observation_mode, copy)
         return self
 
     def _attach(

@@ -413,3 +413,22 @@ def test_a_rebuild_of_another_size_is_refused_with_both_sizes() -> None:
         assert group.env_indices == [8, 9, 10, 11] and len(group.envs) == 4
     finally:
         group.shutdown()
+
+
+def test_gymnasium_face_batches_vector_envs_of_differing_bounds(client2: Any) -> None:
+    """``observation_mode="different"`` over vector envs whose envs have other bounds, as Gymnasium batches them."""
+    from gymnasium.vector.utils import batch_differing_spaces
+    from test_gymnasium_dropin import BoundsEnv
+
+    highs = [[1.0, 2.0], [3.0, 4.0]]
+    vfns = [
+        functools.partial(SyncVectorEnv, [functools.partial(BoundsEnv, h) for h in hs], observation_mode="different")
+        for hs in highs
+    ]
+    spaces = [BoundsEnv(h).observation_space for hs in highs for h in hs]
+    with contextlib.closing(DaskVectorEnv.from_vector_envs(vfns, client2, observation_mode="different")) as dask:
+        assert dask.num_envs == 4 and dask.observation_space == batch_differing_spaces(spaces)
+        obs, _ = dask.reset(seed=0)
+        assert all(spaces[i].contains(obs[i]) for i in range(4))
+    with pytest.raises(RuntimeError, match="observation_mode='different'"):
+        DaskVectorEnv.from_vector_envs(vfns, client2)
