@@ -190,6 +190,8 @@ SCALARS: list[Callable[[np.random.Generator], Any]] = [
     lambda r: np.int32(r.integers(-100, 100)),
     lambda r: np.uint8(r.integers(0, 255)),
     lambda r: np.bool_(r.random() < 0.5),
+    lambda r: r.integers(0, 255, size=5).astype(np.uint8),  # arrays of one dtype and shape (EnvPool's ram)
+    lambda r: r.standard_normal((2, 3)),
 ]
 
 
@@ -210,6 +212,8 @@ def test_scalar_infos_travel_as_columns_and_come_back_exact() -> None:
                 assert [type(v) for v in got.infos[p].values()] == [type(v) for v in reply.infos[p].values()]
             got.infos[at[0]]["added"] = 1  # the decoded dicts are the client's own
             assert "added" not in reply.infos[at[0]]
+            rows = [v for p in at for v in got.infos[p].values() if isinstance(v, np.ndarray)]
+            assert all(v.base is None and v.flags.writeable for v in rows), "an env's info array is not its own"
 
 
 @pytest.mark.parametrize(
@@ -222,7 +226,10 @@ def test_scalar_infos_travel_as_columns_and_come_back_exact() -> None:
         {0: {"a": 2**70}},  # beyond int64
         {0: {"a": "text"}},
         {0: {"a": None}},
-        {0: {"a": np.zeros(2)}},
+        {0: {"a": np.zeros(2)}, 1: {"a": np.zeros(3)}},  # arrays of other shapes
+        {0: {"a": np.zeros(2)}, 1: {"a": np.zeros(2, dtype=np.float32)}},  # or dtypes
+        {0: {"a": np.array(1.0)}},  # a 0-d array
+        {0: {"a": np.array(["x"])}},
         {0: {"a": {"r": 1.0}}},
         {0: {"a": np.complex64(1j)}},
         {0: {1: 1.0}},  # a key that is not a str

@@ -107,7 +107,9 @@ _META_CACHE_MAX = 256
 # order and each key's values are of one scalar type, they travel as one array per key,
 # behind a schema naming the keys and how to give each value back: Python ``bool``,
 # ``int`` and ``float`` as themselves (kinds b, i, f), a NumPy scalar as a scalar of its
-# own dtype (kind n, the dtype is the column's). Anything else keeps the pickle.
+# own dtype (kind n, the dtype is the column's), arrays of one dtype and shape (EnvPool's
+# ``ram``) as rows of a stacked array, each env's its own copy (kind a). Anything else
+# keeps the pickle.
 _SCHEMA_HEAD = struct.Struct("<H")  # the schema's length in bytes; then the schema
 _SCHEMA_OUT: dict[tuple[tuple[str, ...], bytes], bytes] = {}
 _SCHEMA_IN: dict[bytes, tuple[tuple[str, ...], bytes]] = {}
@@ -118,6 +120,7 @@ _PY_KINDS: dict[type, tuple[int, np.dtype[Any]]] = {
 }
 _PY_DTYPES = dict(_PY_KINDS.values())
 _NUMPY_KIND = ord("n")
+_ARRAY_KIND = ord("a")
 
 
 def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.ndarray, list[np.ndarray]] | None:
@@ -139,6 +142,15 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
         t = type(values[0])
         if any(type(v) is not t for v in values):
             return None
+        if t is np.ndarray:  # rows of one dtype and shape (EnvPool's ram), stacked
+            first = values[0]
+            if first.ndim == 0 or first.dtype.kind not in "biuf":
+                return None
+            if any(v.dtype != first.dtype or v.shape != first.shape for v in values):
+                return None
+            columns.append(np.stack(values))
+            kinds.append(_ARRAY_KIND)
+            continue
         if t in _PY_KINDS:
             kind, dtype = _PY_KINDS[t]
         elif issubclass(t, np.generic) and np.dtype(t).kind in "biuf":
@@ -170,7 +182,7 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
 def _parse_schema(schema: bytes) -> tuple[tuple[str, ...], bytes]:
     count = schema[0]
     kinds = schema[1 : 1 + count]
-    if len(kinds) != count or any(k not in b"bifn" for k in kinds):
+    if len(kinds) != count or any(k not in b"bifna" for k in kinds):
         raise ValueError("unknown info kind")
     keys = []
     offset = 1 + count
@@ -207,6 +219,11 @@ def _read_infos(payload: Any, offset: int, extra: list[Any], n: int) -> tuple[di
     columns = []
     for kind in kinds:
         column, offset = _read_array(payload, offset, extra)
+        if kind == _ARRAY_KIND:
+            if column.ndim < 2 or len(column) != len(positions):
+                raise ValueError("an info column of another length")
+            columns.append([row.copy() for row in column])  # each env's array its own, as a pickle gives
+            continue
         if column.shape != (len(positions),) or (kind != _NUMPY_KIND and column.dtype != _PY_DTYPES[kind]):
             raise ValueError("an info column of another length or dtype")
         columns.append(list(column) if kind == _NUMPY_KIND else column.tolist())
