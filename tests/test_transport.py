@@ -160,10 +160,101 @@ def test_malformed_compact_messages_fail_clearly() -> None:
     frames = wire(encode(COMPACT[2]))
     with pytest.raises(ChannelError, match="malformed"):
         decode([frames[0][:20]])
-    with pytest.raises(ChannelError, match=r"malformed message \(payload starts with byte 7\)"):
-        decode([bytearray(b"\x07rest")])
+    with pytest.raises(ChannelError, match=r"malformed message \(payload starts with byte 9\)"):
+        decode([bytearray(b"\x09rest")])
     with pytest.raises(ChannelError, match="malformed"):
         decode([bytearray()])
+
+
+# --------------------------------------------------------------- compact replies: info columns
+def info_reply(infos: dict[int, dict[str, Any]], n: int = 4, masks: bool = False) -> StepReply:
+    return step_reply(
+        np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+        rewards=np.ones(n),
+        terminated=np.zeros(n, dtype=bool),
+        truncated=np.zeros(n, dtype=bool),
+        final_obs={},
+        reset_infos={},
+        infos=infos,
+        masks=np.eye(n, 3, dtype=bool) if masks else None,
+    )
+
+
+SCALARS: list[Callable[[np.random.Generator], Any]] = [
+    lambda r: bool(r.random() < 0.5),
+    lambda r: int(r.integers(-(2**62), 2**62)),
+    lambda r: float(r.standard_normal()),
+    lambda r: np.float64(r.standard_normal()),
+    lambda r: np.float32(r.standard_normal()),
+    lambda r: np.int64(r.integers(-100, 100)),
+    lambda r: np.int32(r.integers(-100, 100)),
+    lambda r: np.uint8(r.integers(0, 255)),
+    lambda r: np.bool_(r.random() < 0.5),
+    lambda r: r.integers(0, 255, size=5).astype(np.uint8),  # arrays of one dtype and shape (EnvPool's ram)
+    lambda r: r.standard_normal((2, 3)),
+]
+
+
+def test_scalar_infos_travel_as_columns_and_come_back_exact() -> None:
+    """200 seeded replies: Python and NumPy scalars, any subset of envs; values, types and key order come back."""
+    rng = np.random.default_rng(7)
+    for k in range(200):
+        n = int(rng.integers(2, 9))
+        keys = [f"k{j}-é" for j in rng.permutation(int(rng.integers(1, 6)))]
+        makers = {key: SCALARS[int(rng.integers(len(SCALARS)))] for key in keys}
+        at = sorted(int(p) for p in rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
+        reply = info_reply({p: {key: makers[key](rng) for key in keys} for p in at}, n, masks=bool(k % 2))
+        frames = encode(reply)
+        assert memoryview(frames[1])[0] == (0x07 if k % 2 else 0x06), f"reply {k} was not sent as columns"
+        for got in (decode(wire(frames)), unpack(pack(reply))):
+            assert same(got, reply), f"reply {k}: {got.infos} != {reply.infos}"
+            for p in at:
+                assert [type(v) for v in got.infos[p].values()] == [type(v) for v in reply.infos[p].values()]
+            got.infos[at[0]]["added"] = 1  # the decoded dicts are the client's own
+            assert "added" not in reply.infos[at[0]]
+            rows = [v for p in at for v in got.infos[p].values() if isinstance(v, np.ndarray)]
+            assert all(v.base is None and v.flags.writeable for v in rows), "an env's info array is not its own"
+
+
+@pytest.mark.parametrize(
+    "infos",
+    [
+        {0: {"a": 1}, 1: {"b": 1}},  # other keys
+        {0: {"a": 1, "b": 2}, 1: {"b": 2, "a": 1}},  # other key order
+        {0: {"a": 1}, 1: {"a": 1.0}},  # other types under one key
+        {0: {"a": True}, 1: {"a": np.bool_(True)}},
+        {0: {"a": 2**70}},  # beyond int64
+        {0: {"a": "text"}},
+        {0: {"a": None}},
+        {0: {"a": np.zeros(2)}, 1: {"a": np.zeros(3)}},  # arrays of other shapes
+        {0: {"a": np.zeros(2)}, 1: {"a": np.zeros(2, dtype=np.float32)}},  # or dtypes
+        {0: {"a": np.array(1.0)}},  # a 0-d array
+        {0: {"a": np.array(["x"])}},
+        {0: {"a": {"r": 1.0}}},
+        {0: {"a": np.complex64(1j)}},
+        {0: {1: 1.0}},  # a key that is not a str
+        {1: {"a": 1}, 0: {"a": 1}},  # positions out of order
+        {9: {"a": 1}},  # not a position of this group
+    ],
+)
+def test_infos_that_do_not_fit_the_columns_stay_pickles(infos: dict[int, dict[Any, Any]]) -> None:
+    reply = info_reply(infos)
+    frames = encode(reply)
+    assert memoryview(frames[1])[0] == 0x80
+    assert same(decode(wire(frames)), reply)
+
+
+def test_malformed_info_columns_fail_clearly() -> None:
+    frames = wire(encode(info_reply({0: {"a": 1.5}, 2: {"a": 2.5}})))
+    payload = frames[0]
+    schema_at = payload.index(b"\x01f\x01\x00a")  # one key, kind f, the key's length and the key
+    for broken in (
+        payload[:schema_at] + b"\x01z" + payload[schema_at + 2 :],  # an unknown kind
+        payload[:schema_at] + b"\x05" + payload[schema_at + 1 :],  # five keys named in a schema of one
+        payload[:-3],  # a column cut short
+    ):
+        with pytest.raises(ProtocolError, match="malformed compact message"):
+            decode([broken, *frames[1:]])
 
 
 # --------------------------------------------------------------- compact replies: end flags
@@ -570,7 +661,8 @@ class InfoEnv(gym.Env[np.ndarray, int]):
     ("info", "reset_info", "fail", "compact"),
     [
         ({}, {}, False, True),
-        ({"episode": 1}, {}, False, False),  # a key of the env's own
+        ({"lives": 1, "x": 0.5}, {}, False, True),  # scalar infos travel as columns
+        ({"episode": {"r": 1.0}}, {}, False, False),  # a nested info stays a pickle
         ({}, {"seeded": 1}, False, False),  # a reset info to pass on
         ({}, {}, True, False),  # a restarted env: the reply carries daskvec's marker
     ],
@@ -591,7 +683,8 @@ def test_group_replies_are_compact_when_the_flags_say_all(
                 assert sorted(reply.final_obs) == ([0, 1, 2] if ended else [])
             # a reply without finished episodes carries no reset infos, so it fits
             frames = encode(reply)
-            assert memoryview(frames[1])[0] == (0x02 if compact or (step == 1 and not info and not fail) else 0x80)
+            tag = 0x06 if info else 0x02
+            assert memoryview(frames[1])[0] == (tag if compact or (step == 1 and not info and not fail) else 0x80)
             assert same(decode(wire(frames)), reply)
     finally:
         group.shutdown()
