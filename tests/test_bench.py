@@ -102,6 +102,7 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
             assert res["ttfs_s"] >= res["first_step_s"]
             assert res["memory"]["per_env_mb"] >= 0
             assert res["leftover_processes"] == 0
+            assert 0 <= res["settle_s"] <= 20.5  # each kind waited for an idle CPU, at most --settle
         subproc = case["results"]["subproc"]
         assert subproc["ratio_steps_per_s"] == 1.0 and subproc["ratio_ttfs"] == 1.0
         assert math.isclose(
@@ -139,6 +140,7 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
 def test_run_benchmark_training_structure(cluster2: Any, tmp_path: Path) -> None:
     """A tiny PPO run per vec env: wall time, reward, and the same reward on DummyVecEnv and DaskVecEnv."""
     results = bench.run_benchmark(
+        settle=0.0,
         scenarios=["training"],
         vec_envs=["dummy", "async", "dask"],
         n_envs=[2],
@@ -167,6 +169,7 @@ def test_run_benchmark_training_structure(cluster2: Any, tmp_path: Path) -> None
 def test_env_processes_are_counted_on_their_workers(cluster2: Any, tmp_path: Path) -> None:
     """With ``env_process=True`` each group's process is read on its worker, beside the worker."""
     results = bench.run_benchmark(
+        settle=0.0,
         scenarios=["light"],
         vec_envs=["dask"],
         n_envs=[4],
@@ -233,6 +236,7 @@ def test_workload_scenarios_structure(cluster2: Any, tmp_path: Path, scenario: s
     if missing_packages(scenario):
         pytest.skip(f"{scenario} needs {missing_packages(scenario)} (pip install 'daskvec[workloads]')")
     results = bench.run_benchmark(
+        settle=0.0,
         scenarios=[scenario],
         n_envs=[2],
         steps=3,
@@ -276,7 +280,7 @@ def test_workload_without_its_packages_is_skipped_with_the_reason(
     from daskvec.bench import driver
 
     monkeypatch.setattr(driver, "missing_packages", lambda what: ["ale_py"] if what == "atari" else [])
-    results = bench.run_benchmark(scenarios=["atari"], vec_envs=["dummy"], steps=1, out_dir=tmp_path)
+    results = bench.run_benchmark(settle=0.0, scenarios=["atari"], vec_envs=["dummy"], steps=1, out_dir=tmp_path)
     (case,) = results["cases"]
     assert case["skipped"] == "needs ale_py: pip install 'daskvec[workloads]'" and case["results"] == {}
     assert "atari        skipped: needs ale_py" in bench.format_table(results)
@@ -303,6 +307,7 @@ def test_contention_structure(cluster2: Any, tmp_path: Path) -> None:
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     results = bench.run_benchmark(
+        settle=0.0,
         scenarios=["contention"],
         vec_envs=["dummy", "subproc", "async", "dask"],
         n_envs=[2],
@@ -363,7 +368,7 @@ GROUPS_KEYS = {
 @pytest.mark.timeout(240)
 def test_groups_scenario_structure(cluster2: Any, tmp_path: Path) -> None:
     """``groups``: DaskVecEnv alone, one env per group, client time per vec-step and per group for each count."""
-    results = bench.run_benchmark(
+    results = bench.run_benchmark(settle=0.0,
         scenarios=["groups"], n_envs=[2, 3], steps=3, warmup=0.0, repeat=2, out_dir=tmp_path,
         scheduler=cluster2.scheduler_address,  # type: ignore[attr-defined]
     )  # fmt: skip
@@ -384,7 +389,7 @@ def test_groups_scenario_structure(cluster2: Any, tmp_path: Path) -> None:
     assert "png" not in results["files"]  # a table only: no SubprocVecEnv to chart ratios to
     table = bench.format_table(results)
     assert table.count("us/group") == 4 and "groups-3" in table and "2 groups on" in table
-    assert bench.run_benchmark(scenarios=["groups"], vec_envs=["dummy"], n_envs=[2], steps=1)["cases"] == []
+    assert bench.run_benchmark(settle=0.0, scenarios=["groups"], vec_envs=["dummy"], n_envs=[2], steps=1)["cases"] == []
 
 
 def test_the_benchmarks_of_the_source_repository_are_found_beside_the_package() -> None:
@@ -414,7 +419,7 @@ def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
         err = capsys.readouterr().err
         assert f"source repository (benchmarks/{where}.py)" in err and 'pip install -e ".[test]"' in err, err
     with pytest.raises(source.InSourceOnly, match="gym-faces"):
-        bench.run_benchmark(scenarios=["light", "gym-faces"])
+        bench.run_benchmark(settle=0.0, scenarios=["light", "gym-faces"])
     chosen, _ = driver._check_selection(["all"], ["dask"])
     assert {"gym-faces", "straggler", "groups"} <= set(chosen)  # "all" does not fail: they are skipped
     (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options())
@@ -427,11 +432,11 @@ def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
 
 def test_invalid_options() -> None:
     with pytest.raises(ValueError, match="unknown scenario"):
-        bench.run_benchmark(scenarios=["fast"])
+        bench.run_benchmark(settle=0.0, scenarios=["fast"])
     with pytest.raises(ValueError, match="vec_envs"):
-        bench.run_benchmark(scenarios=["light"], vec_envs=["ray"])
+        bench.run_benchmark(settle=0.0, scenarios=["light"], vec_envs=["ray"])
     with pytest.raises(ValueError, match="transport"):
-        bench.run_benchmark(scenarios=["light"], transport="udp")
+        bench.run_benchmark(settle=0.0, scenarios=["light"], transport="udp")
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert bench.run(parser.parse_args(["--scenario", "light", "--repeat", "0"])) == 2
@@ -467,6 +472,7 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
     """--dashboard: the daskvec page is found on the scheduler and really opened in chromium."""
     pytest.importorskip("daskvec.dashboard")
     results = bench.run_benchmark(
+        settle=0.0,
         scenarios=["none"],
         vec_envs=["dask"],
         n_envs=[2],
@@ -580,3 +586,14 @@ def test_rtt_option_is_checked() -> None:
     assert parser.parse_args(["--scenario", "learning", "--learning-seeds", "0,1"]).learning_seeds == [0, 1]
     with pytest.raises(SystemExit):
         parser.parse_args(["--rtt", "0,-2"])
+
+
+def test_wait_idle_waits_while_every_core_is_busy_and_not_at_all_when_off() -> None:
+    from daskvec.bench.machine import _usable_cores, wait_idle
+    from daskvec.bench.measure import busy_processes
+
+    assert wait_idle(0.0) == pytest.approx(0.0, abs=0.05)  # no sample taken
+    with busy_processes(_usable_cores()):
+        assert wait_idle(1.0) >= 1.0  # the CPU never went idle: it waited its whole budget
+    with pytest.raises(ValueError, match="settle must be 0"):
+        bench.Options(settle=-1.0)

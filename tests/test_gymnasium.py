@@ -452,7 +452,7 @@ def test_bench_gymnasium_scenarios(client2: Any) -> None:
     assert straggler_ideal([0.008, 0.002, 0.002, 0.002], [4, 4, 4, 4]) == pytest.approx((2000.0, 6500.0))
     address = client2.scheduler.address
     results = bench.run_benchmark(
-        scenarios=["gym-faces", "straggler"], n_envs=[8], seconds=0.3, warmup=0.05, scheduler=address
+        settle=0.0, scenarios=["gym-faces", "straggler"], n_envs=[8], seconds=0.3, warmup=0.05, scheduler=address
     )
     faces, straggler = results["cases"]
     assert set(faces["results"]) == {"gym_sync", "gym_async", "gym_dask"}

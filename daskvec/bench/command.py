@@ -59,6 +59,8 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--steps",), {"type": int, "default": None, "help": "fixed vec-steps per timed window instead of --seconds"}),
     (("--warmup",), {"type": float, "default": 0.5, "help": "seconds of warm-up before timing (default 0.5)"}),
     (("--repeat",), {"type": int, "default": 1, "help": "independent runs per vec env; medians are reported"}),
+    (("--settle",), {"type": float, "default": 20.0, "metavar": "SECONDS", "help": "before each vec env, wait up "
+                     "to this long for the CPU to be idle (processes of the one before exiting; default 20, 0: no)"}),
     (("--seed",), {"type": int, "default": 0, "help": "seed of envs, actions and PPO (default 0)"}),
     (("--scheduler",), {"default": None, "metavar": "ADDRESS",
                         "help": "Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)"}),

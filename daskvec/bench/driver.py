@@ -13,7 +13,7 @@ from typing import Any
 
 from daskvec.bench import source
 from daskvec.bench.envs import action_cycle
-from daskvec.bench.machine import load_average, machine_info
+from daskvec.bench.machine import load_average, machine_info, wait_idle
 from daskvec.bench.measure import _measure_case, _measure_training_case, busy_processes
 from daskvec.bench.report import _add_ratios, write_results
 from daskvec.bench.scenarios import (
@@ -176,11 +176,20 @@ def _skipped(scenario: str, n: int, why: str) -> dict[str, Any]:
     return {"scenario": scenario, "case": scenario, "n_envs": n, "results": {}, "skipped": why}
 
 
-def _measure_kinds(case_out: dict[str, Any], kinds: list[str], measure: Callable[[str], dict[str, Any]]) -> None:
-    """``measure`` each kind into ``case_out["results"]``: a failure is that kind's error entry."""
+def _measure_kinds(
+    case_out: dict[str, Any], kinds: list[str], measure: Callable[[str], dict[str, Any]], settle: float
+) -> None:
+    """``measure`` each kind into ``case_out["results"]``: a failure is that kind's error entry.
+
+    Before each kind the CPU gets up to ``settle`` seconds to go idle (``settle_s``: the wait).
+    """
     for kind in kinds:
+        waited = wait_idle(settle)
+        if settle and waited >= settle:
+            logger.warning("bench: the CPU was still busy after %.0f s before %s; its figures may be low",
+                           settle, LABELS.get(kind, kind))  # fmt: skip
         try:
-            case_out["results"][kind] = measure(kind)
+            case_out["results"][kind] = {**measure(kind), "settle_s": round(waited, 2)}
         except Exception as e:
             logger.exception("bench: %s failed", LABELS.get(kind, kind))
             case_out["results"][kind] = {"error": f"{type(e).__name__}: {e}"}
@@ -211,7 +220,7 @@ def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = F
         with busy_processes(CONTENTION_BUSY if contention else 0):
             return _measure_training_case(kind, n, opts)
 
-    _measure_kinds(case_out, [k for k in kinds if k not in ENVPOOL_KINDS], measure)
+    _measure_kinds(case_out, [k for k in kinds if k not in ENVPOOL_KINDS], measure, opts.settle)
     _add_ratios(case_out)
     return case_out
 
@@ -238,7 +247,7 @@ def _stepping_case(case: Case, kinds: list[str], opts: Options) -> dict[str, Any
         return _measure_case(kind, case, actions, opts)
 
     # the EnvPool kinds only where the env has an EnvPool counterpart
-    _measure_kinds(case_out, [k for k in kinds if case.envpool_task or k not in ENVPOOL_KINDS], measure)
+    _measure_kinds(case_out, [k for k in kinds if case.envpool_task or k not in ENVPOOL_KINDS], measure, opts.settle)
     results = case_out["results"]
     pool, on_pool = results.get("envpool", {}), results.get("dask-envpool", {})
     if pool.get("steps_per_s") and on_pool.get("steps_per_s"):

@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,22 @@ def _git_commit() -> str | None:
                                  timeout=5)  # fmt: skip
             return out.stdout.strip() or None if out.returncode == 0 else None
     return None
+
+
+def wait_idle(max_wait: float, busy_share: float = 0.15) -> float:
+    """Wait until at most ``busy_share`` of the CPU is busy (0.5 s samples), for at most ``max_wait`` s.
+
+    Run before each vec env is measured, so that one that follows a kind whose
+    processes are still exiting (SubprocVecEnv's 64) is not measured on a busy machine.
+    Returns the seconds waited; ``max_wait`` <= 0 returns 0 at once.
+    """
+    import psutil
+
+    started = time.monotonic()
+    while max_wait > 0 and psutil.cpu_percent(interval=0.5) > busy_share * 100:
+        if time.monotonic() - started >= max_wait:
+            break
+    return time.monotonic() - started
 
 
 def load_average() -> list[float] | None:

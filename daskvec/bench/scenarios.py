@@ -128,6 +128,7 @@ class Options:
 
     Besides them: ``training_timesteps`` (``--timesteps``), ``heavy_step_s`` (CPU seconds per
     step of the heavy scenario's env) and ``cores`` (default: this process's CPU affinity).
+    ``settle`` bounds the wait for an idle CPU before each vec env (``--settle``).
     """
 
     seconds: float = 2.0
@@ -145,6 +146,7 @@ class Options:
     eval_episodes: int = 10
     cores: int = field(default_factory=_usable_cores)
     contention_timesteps: int = 8192
+    settle: float = 20.0
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "direct", "actor"):
@@ -152,6 +154,8 @@ class Options:
         steps, seconds = self.steps, self.seconds
         if (steps is None and seconds <= 0) or (steps is not None and steps < 1) or self.warmup < 0 or self.repeat < 1:
             raise ValueError("seconds (or steps) and repeat must be positive and warmup non-negative")
+        if self.settle < 0:
+            raise ValueError(f"settle must be 0 (no wait) or a positive number of seconds, not {self.settle}")
 
     def dask_kwargs(self) -> dict[str, Any]:
         """The ``DaskVecEnv`` options these settings ask for."""
