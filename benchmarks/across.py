@@ -14,6 +14,8 @@ default), side by side:
   (worker-side rollouts, buffer filled on the client): one round trip per rollout;
 - ``ppo_wall_s`` and ``daskppo_wall_s``: ``learn()`` for a fixed number of timesteps
   with PPO over the synchronous vec env and with DaskPPO;
+- ``vector`` (issue 22): ``DaskVecEnv.from_vector_envs`` over one EnvPool group per host
+  (HalfCheetah-v5, 64 envs), against EnvPool alone on this machine, when EnvPool is installed;
 - ``learning`` (:mod:`benchmarks.across_learn`, issue 23): ``learn()`` throughput,
   training included, of DaskSAC (Pendulum-v1 x16, ``train_freq=(16, "step")``,
   ``gradient_steps=16``) and DaskPPO with ``CnnPolicy`` on 84x84x4 frame stacks, beside
@@ -49,7 +51,7 @@ from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["format_across_table", "run_across_hosts"]
+__all__ = ["format_across_table", "measure_vector_groups", "run_across_hosts"]
 
 
 #: The benchmark's env (gymnasium's own factory: nothing of daskvec.bench on the workers).
@@ -98,6 +100,55 @@ def _learn_wall(cls: Any, env: Any, timesteps: int, n_steps: int, seed: int) -> 
     return time.perf_counter() - t0
 
 
+#: The vector groups' workload (issue 22): EnvPool's HalfCheetah, as many groups as hosts.
+VECTOR_TASK, VECTOR_ENVS = "HalfCheetah-v5", 64
+
+
+def _stepping_rate(step: Any, actions: Any, seconds: float) -> float:
+    """Vec-steps per second of ``step(actions[k])`` over a window of ``seconds``, after a warm-up."""
+    for k in range(20):
+        step(actions[k % len(actions)])
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step(actions[n % len(actions)])
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def measure_vector_groups(client: Any, n_groups: int, seconds: float, repeat: int, seed: int) -> dict[str, Any]:
+    """``from_vector_envs`` over ``n_groups`` EnvPool groups (one per host) against EnvPool alone here.
+
+    EnvPool alone runs in this process with one thread per usable core; the groups get one
+    thread each. Alternated ``repeat`` times; medians. ``{"skipped": why}`` without EnvPool.
+    """
+    from daskvec.bench.envs import make_envpool
+    from daskvec.bench.machine import _usable_cores
+    from daskvec.bench.scenarios import missing_packages
+    from daskvec.vec_env import DaskVecEnv
+
+    if missing_packages("envpool") or missing_packages("mujoco"):
+        return {"skipped": "envpool and mujoco are not installed (pip install 'daskvec[workloads]')"}
+    sizes = [VECTOR_ENVS // n_groups + (1 if k < VECTOR_ENVS % n_groups else 0) for k in range(n_groups)]
+    fns = [functools.partial(make_envpool, VECTOR_TASK, size, seed + 1000 * k, 1) for k, size in enumerate(sizes)]
+    alone = make_envpool(VECTOR_TASK, VECTOR_ENVS, seed, _usable_cores())
+    env = DaskVecEnv.from_vector_envs(fns, client=client)
+    try:
+        actions = action_cycle(alone.single_action_space, VECTOR_ENVS, 64, seed)
+        alone.reset()
+        env.reset()
+        rates: dict[str, list[float]] = {"groups": [], "alone": []}
+        for _ in range(repeat):
+            rates["alone"].append(_stepping_rate(alone.step, actions, seconds) * VECTOR_ENVS)
+            rates["groups"].append(_stepping_rate(env.step, actions, seconds) * VECTOR_ENVS)
+        groups, reference = statistics.median(rates["groups"]), statistics.median(rates["alone"])
+        return {"task": VECTOR_TASK, "n_envs": VECTOR_ENVS, "groups": len(env.groups), "samples": rates,
+                "steps_per_s": groups, "envpool_alone_steps_per_s": reference, "of_envpool": groups / reference,
+                "transport": env.transport_summary()}  # fmt: skip
+    finally:
+        env.close()
+        alone.close()
+
+
 def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Every figure at one round trip, on fresh emulated hosts."""
     from stable_baselines3 import PPO
@@ -138,6 +189,7 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
             out[name] = float(statistics.median(samples[key]))  # fmt: skip
         out["restarts"] = int(env.restart_counts.sum())
         out["learning"] = measure_learning(client, opts["learning"], seed, opts["repeat"])
+        out["vector"] = measure_vector_groups(client, n_hosts, opts["seconds"], opts["repeat"], seed)
     return out
 
 
@@ -282,6 +334,16 @@ def format_across_table(results: dict[str, Any]) -> str:
             f"{r['ppo_wall_s']:>10.2f} {r['daskppo_wall_s']:>10.2f}"
         )
     lines.extend(format_learning_table(results))
+    for r in results["rows"]:
+        vec = r.get("vector")
+        if vec is None:
+            continue
+        if "skipped" in vec:
+            lines.append(f"vector groups at {r['rtt_ms']:g} ms: skipped ({vec['skipped']})")
+            continue
+        lines.append(f"vector groups at {r['rtt_ms']:g} ms: EnvPool {vec['task']} x{vec['n_envs']} as {vec['groups']} "
+                     f"groups {vec['steps_per_s']:,.0f} env-steps/s, {vec['of_envpool']:.2f} of EnvPool alone here "
+                     f"({vec['envpool_alone_steps_per_s']:,.0f}); {vec['transport']}")  # fmt: skip
     relay = results["relay"]
     lines.append(f"relay's own cost per round trip: {relay['cost_us']:.0f} us "
                  f"(direct {relay['direct_us']:.0f} us, relayed {relay['relayed_us']:.0f} us)")  # fmt: skip

@@ -513,6 +513,28 @@ def test_across_hosts_goals_and_table() -> None:
     table = format_across_table(results)
     assert "rollouts_at_10ms_ge_0.7_of_0ms=NOT met" in table
     assert [line.split()[0] for line in table.splitlines()[2:5]] == ["0", "2", "10"]
+    results["rows"][0]["vector"] = {"task": "HalfCheetah-v5", "n_envs": 64, "groups": 2, "steps_per_s": 30000.0,
+                                    "envpool_alone_steps_per_s": 60000.0, "of_envpool": 0.5,
+                                    "transport": "direct/tcp x2"}  # fmt: skip
+    results["rows"][1]["vector"] = {"skipped": "envpool is not installed"}
+    table = format_across_table(results)
+    assert "vector groups at 0 ms: EnvPool HalfCheetah-v5 x64 as 2 groups 30,000 env-steps/s, 0.50 of EnvPool" in table
+    assert "vector groups at 2 ms: skipped (envpool is not installed)" in table
+
+
+@pytest.mark.timeout(120)
+def test_vector_groups_against_envpool_alone_structure(client2: Any) -> None:
+    """The across-hosts benchmark's vector figure, here on a local cluster: both rates, their ratio."""
+    pytest.importorskip("envpool", reason="envpool is not installed (pip install envpool)")
+    pytest.importorskip("mujoco", reason="mujoco is not installed")
+    from benchmarks.across import measure_vector_groups
+
+    res = measure_vector_groups(client2, 2, seconds=0.2, repeat=2, seed=0)
+    assert (res["task"], res["n_envs"], res["groups"]) == ("HalfCheetah-v5", 64, 2)
+    assert len(res["samples"]["groups"]) == len(res["samples"]["alone"]) == 2
+    assert res["steps_per_s"] > 0 and res["envpool_alone_steps_per_s"] > 0
+    assert res["of_envpool"] == pytest.approx(res["steps_per_s"] / res["envpool_alone_steps_per_s"])
+    assert res["transport"].startswith("direct/")
 
 
 def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:

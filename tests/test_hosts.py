@@ -309,3 +309,60 @@ def test_stepping_through_a_10ms_relay_matches_dummy(emulated: Any) -> None:
         for group in env._groups:
             host = hosts.host_of(group.worker)
             assert (host.address, group.desc.address[1]) in host.relayed()
+
+
+# --------------------------------------------------------------------------- vector groups across hosts
+def envpool_maker(task: str, n: int, seed: int) -> Any:
+    def make() -> Any:
+        import envpool
+
+        # episodes of 60 steps: the run goes through truncations and SB3's auto-reset
+        return envpool.make_gymnasium(task, num_envs=n, seed=seed, num_threads=1, max_episode_steps=60)
+
+    return make
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("task", "n"), [("Pong-v5", 4), ("HalfCheetah-v5", 8)], ids=["pong-v5", "halfcheetah-v5"])
+def test_envpool_groups_across_hosts_match_envpool_alone(emulated: Any, task: str, n: int) -> None:
+    """``from_vector_envs`` over 2 EnvPool groups on 2 hosts, the same code as on one machine: each
+    group's rows equal EnvPool stepped alone here (SB3's auto-reset in the same step), over direct TCP."""
+    pytest.importorskip("envpool", reason="envpool is not installed (pip install envpool)")
+    hosts = emulated(2)
+    seeds = (0, 1000)
+    with hosts.client() as client:
+        env = DaskVecEnv.from_vector_envs([envpool_maker(task, n, s) for s in seeds], client=client, timeout=60)
+        refs = [envpool_maker(task, n, s)() for s in seeds]
+        try:
+            assert_direct_tcp_to_hosts(hosts, env)
+            assert len({hosts.host_of(g["worker"]).name for g in env.groups}) == 2  # one EnvPool on each host
+            obs = env.reset()
+            for k, ref in enumerate(refs):
+                np.testing.assert_array_equal(obs[k * n : (k + 1) * n], ref.reset()[0])
+            rng = np.random.default_rng(3)
+            space = refs[0].action_space
+            resets = 0
+            for t in range(150):
+                if isinstance(space, gym.spaces.Discrete):
+                    actions = rng.integers(0, int(space.n), size=2 * n)
+                else:
+                    actions = rng.uniform(-1, 1, size=(2 * n, *space.shape)).astype(space.dtype)
+                obs, rewards, dones, infos = env.step(actions)
+                for k, ref in enumerate(refs):
+                    rows = slice(k * n, (k + 1) * n)
+                    want, rew, term, trunc, _ = ref.step(actions[rows])
+                    np.testing.assert_array_equal(dones[rows], term | trunc, err_msg=f"step {t}")
+                    np.testing.assert_allclose(rewards[rows], rew, err_msg=f"step {t}")
+                    ended = np.flatnonzero(term | trunc)
+                    for i in ended:
+                        np.testing.assert_array_equal(infos[k * n + i]["terminal_observation"], want[i])
+                    if len(ended):
+                        want[ended] = ref.reset(ended.astype(np.int32))[0]
+                        resets += len(ended)
+                    np.testing.assert_array_equal(obs[rows], want, err_msg=f"step {t}")
+            assert resets >= 2 * n  # every env's episode ended at least once
+            assert "elapsed_step" in infos[0] and "env_id" not in infos[0]
+        finally:
+            env.close()
+            for ref in refs:
+                ref.close()
