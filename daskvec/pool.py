@@ -165,8 +165,7 @@ class GroupPool:
                                 with contextlib.suppress(Exception):
                                     other.cancel()
                             if not isinstance(e, EnvBuildError):  # which already names them
-                                names = ", ".join(self._factory_names(indices))
-                                e.add_note(f"daskvec: while building envs {indices} (factory {names}) on {worker}")
+                                e.add_note(f"daskvec: while building {self._what(indices)} on {worker}")
                             raise e
                         logger.warning(
                             "could not create env group %s on %s (%s); trying another worker", indices, worker, e
@@ -242,15 +241,21 @@ class GroupPool:
         lost.append(worker)
         if len(lost) < 2:
             return exc
-        names = self._factory_names(indices)
         err = EnvBuildError(
-            f"building envs {indices} (factory {', '.join(names)}) ended the process building them on "
+            f"building {self._what(indices)} ended the process building them on "
             f"{len(lost)} workers in a row ({', '.join(lost)}): the factory calls os._exit or crashes the "
             "interpreter. Fix the factory; env_process=True keeps such crashes out of the workers",
-            env_indices=list(indices),
+            env_indices=[] if self.vector and not self._numbered else list(indices),
         )
         err.__cause__ = exc
         return err
+
+    def _what(self, indices: Sequence[int]) -> str:
+        """What is being built, for messages: envs and their factories, or a vector env factory not built yet."""
+        names = ", ".join(self._factory_names(indices))
+        if self.vector and not self._numbered:  # placeholder indices: the factory's position
+            return f"vector env factory {indices[0]} of vector_env_fns ({names})"
+        return f"envs {list(indices)} (factory {names})"
 
     def _factory_names(self, indices: Sequence[int]) -> list[str]:
         """The names of the factories that build the envs ``indices`` (for messages)."""

@@ -432,3 +432,38 @@ def test_gymnasium_face_batches_vector_envs_of_differing_bounds(client2: Any) ->
         assert all(spaces[i].contains(obs[i]) for i in range(4))
     with pytest.raises(RuntimeError, match="observation_mode='different'"):
         DaskVectorEnv.from_vector_envs(vfns, client2)
+
+
+# --------------------------------------------------------------------------- build failures name the factory
+def failing_vector_factory() -> Any:
+    raise RuntimeError("no simulator licence")
+
+
+def exiting_vector_factory() -> Any:
+    import os
+
+    os._exit(3)  # the interpreter ends, as a crashing C extension would
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_vector_factory_is_named_by_its_position_not_by_placeholder_envs(client2: Any) -> None:
+    """A vector env's size is known only once built: its first build's error names the factory, not "envs [1]"."""
+    good = vector_fns(space_fns("box", 2), [2], AutoresetMode.SAME_STEP)[0]
+    with pytest.raises(RuntimeError, match="no simulator licence") as caught:
+        DaskVecEnv.from_vector_envs([good, failing_vector_factory], client2, timeout=60)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "vector env factory failing_vector_factory (its first build)" in notes, notes
+    assert "vector env factory 1 of vector_env_fns (failing_vector_factory)" in notes, notes
+    assert "envs [" not in notes, notes
+
+
+@pytest.mark.timeout(240)
+def test_a_vector_factory_that_ends_its_worker_is_refused_after_two_workers(dask_processes: Any) -> None:
+    """Two workers lost in a row building one vector factory: an EnvBuildError naming the factory, no retry loop."""
+    from daskvec.errors import EnvBuildError
+
+    procs = dask_processes(2)
+    good = vector_fns(space_fns("box", 2), [2], AutoresetMode.SAME_STEP)[0]
+    crashed = r"building vector env factory 1 of vector_env_fns \(exiting_vector_factory\) ended the process"
+    with pytest.raises(EnvBuildError, match=crashed + " building them on 2 workers in a row"):
+        DaskVecEnv.from_vector_envs([good, exiting_vector_factory], procs.address, timeout=60, worker_wait_timeout=60)

@@ -119,7 +119,8 @@ def build_vector(
     try:
         vec = factory()
     except Exception as e:
-        e.add_note(f"daskvec: raised by the vector env factory of envs {list(env_indices)} on {where}")
+        of = f"of envs {list(env_indices)}" if env_indices else "(its first build)"
+        e.add_note(f"daskvec: raised by the vector env factory {factory_name(factory)} {of} on {where}")
         raise
     try:
         built = VectorEnvs(vec, autoreset)
