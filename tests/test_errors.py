@@ -536,3 +536,55 @@ def test_an_env_that_restarts_constantly_logs_rate_limited_warnings_and_counts_e
     bound = 1 + elapsed // 10.0  # one line per 10 s
     assert 1 <= len(lines) <= bound, f"{len(lines)} restart warnings for {steps} restarts in {elapsed:.1f} s"
     assert lines[0].startswith("env 1 raised ValueError: boom at step 1; rebuilding it (restart 1)")
+
+
+# --------------------------------------------------------------------------- a build that ends too late
+class ClosedFlagEnv(CountingEnv):
+    """Records its ``close()`` in a shared list."""
+
+    def __init__(self, closed: list[int], index: int) -> None:
+        super().__init__()
+        self.closed, self.index = closed, index
+
+    def close(self) -> None:
+        self.closed.append(self.index)
+        super().close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("vector", [False, True], ids=["envs", "vector"])
+def test_a_build_that_returns_after_its_timeout_closes_what_it_made(vector: bool) -> None:
+    """The worker gave up on the factories (EnvBuildTimeoutError); when they return later,
+    their envs are closed on the build's thread, not left open on the worker."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from daskvec.errors import EnvBuildTimeoutError
+    from daskvec.protocol import Autoreset
+    from daskvec.worker.build import build_group
+
+    release, closed = threading.Event(), []
+
+    def slow(k: int) -> Any:
+        release.wait(30)
+        return ClosedFlagEnv(closed, k)
+
+    if vector:
+        fns: list[Any] = [lambda: SyncVectorEnv([functools.partial(slow, k) for k in range(2)],
+                                                autoreset_mode=AutoresetMode.SAME_STEP)]  # fmt: skip
+    else:
+        fns = [functools.partial(slow, k) for k in range(2)]
+    with pytest.raises(EnvBuildTimeoutError, match=r"did not return within 0\.2s"):
+        build_group(fns, [] if vector else [0, 1], "test-worker", Autoreset.SAME_STEP, vector, timeout=0.2)
+    assert closed == []
+    release.set()
+    deadline = time.monotonic() + 20
+    while sorted(closed) != [0, 1]:
+        assert time.monotonic() < deadline, f"the late envs were not closed: {closed}"
+        time.sleep(0.02)
+    # a build within its timeout is handed over, open
+    release.set()
+    envs = build_group(fns, [] if vector else [0, 1], "test-worker", Autoreset.SAME_STEP, vector, timeout=20)
+    assert sorted(closed) == [0, 1]  # the new envs are open
+    for env in envs if isinstance(envs, list) else [envs]:
+        env.close()
+    assert sorted(closed) == [0, 0, 1, 1]

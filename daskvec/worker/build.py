@@ -65,22 +65,31 @@ def build_group(
         return build()
     progress = [0]
     done: dict[str, Any] = {}
-    abandoned = threading.Event()
+    # the build hands its result over, or the caller gives up on it, never both: a build that
+    # ends as the timeout expires either is taken or closes what it made
+    handover = threading.Lock()
+    abandoned = False
 
     def run() -> None:
         try:
-            done["envs"] = build(progress)
+            result: dict[str, Any] = {"envs": build(progress)}
         except BaseException as e:
-            done["error"] = e
-        if abandoned.is_set() and "envs" in done:  # too late: nobody will use them
-            envs = done["envs"]
+            result = {"error": e}
+        with handover:
+            if not abandoned:
+                done.update(result)
+                return
+        if "envs" in result:  # too late: nobody will use them
+            envs = result["envs"]
             close_envs(envs if isinstance(envs, list) else [envs], where)
 
     thread = threading.Thread(target=run, name="daskvec-build", daemon=True)
     thread.start()
     thread.join(timeout)
-    if thread.is_alive():
-        abandoned.set()
+    with handover:
+        if not done:
+            abandoned = True
+    if abandoned:
         raise _hung(factories, env_indices, where, vector, timeout, progress[0])
     if "error" in done:
         raise done["error"]
