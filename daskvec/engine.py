@@ -424,8 +424,9 @@ class Engine:
         not asked).
         """
         self.settle()
-        self.ledger.set_seeds([s if mask is None or mask[i] else None for i, s in enumerate(seeds)])
-        self._warn_fixed_seeds(seeds)
+        chosen = [s if mask is None or mask[i] else None for i, s in enumerate(seeds)]
+        self.ledger.set_seeds(chosen)
+        self._warn_fixed_seeds(chosen)  # the seeds of the envs being reset only
 
         def build() -> Requests:
             requests: Requests = {}

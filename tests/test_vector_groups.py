@@ -395,6 +395,27 @@ def test_envpool_groups_on_the_gymnasium_face(client2: Any) -> None:
             ref.close()
 
 
+@needs_envpool
+@pytest.mark.timeout(120)
+def test_the_fixed_seed_warning_counts_only_the_envs_a_reset_mask_selects(client2: Any) -> None:
+    """Seeds for EnvPool's envs warn (it ignores them); a masked reset that leaves them out does not."""
+    plain = functools.partial(
+        SyncVectorEnv, [functools.partial(gym.make, "CartPole-v1")] * 2, autoreset_mode=AutoresetMode.DISABLED
+    )
+    with contextlib.closing(
+        DaskVectorEnv.from_vector_envs([plain, envpool_fn("CartPole-v1", 2, 0)], client2, autoreset_mode="Disabled")
+    ) as env:
+        env.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env.reset(seed=5, options={"reset_mask": np.array([True, True, False, False])})
+        assert not [w for w in caught if "take their seed" in str(w.message)], [str(w.message) for w in caught]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env.reset(seed=5, options={"reset_mask": np.array([False, True, True, False])})
+        assert [w for w in caught if "take their seed when they are made" in str(w.message)]
+
+
 def test_a_rebuild_of_another_size_is_refused_with_both_sizes() -> None:
     """A rebuilt vector group (lost worker, move, restart) keeps its env numbers: a factory making more is refused."""
     import cloudpickle
