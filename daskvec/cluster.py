@@ -390,9 +390,14 @@ def assign_workers(groups: list[list[int]], workers: Sequence[str], load: dict[s
 
 # --------------------------------------------------------------------------- pickling
 def _stdlib_and_site_dirs() -> list[str]:
+    """The standard library's and the site directories: not the bare prefixes, which, for a
+    system Python (``/usr``), hold the user's ``/usr/src/app`` as well."""
+    import site
+
     paths = sysconfig.get_paths()
     dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    with contextlib.suppress(AttributeError):  # virtualenv's old site.py has neither
+        dirs |= {*site.getsitepackages(), site.getusersitepackages()}
     return [os.path.realpath(d) for d in dirs if d]
 
 

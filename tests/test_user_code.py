@@ -273,6 +273,32 @@ def test_installed_distributions_anywhere_on_the_path_are_not_user_code(tmp_path
         sys.modules.pop("my_ns_dv.sub", None)
 
 
+def test_an_app_under_the_interpreters_prefix_is_user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A system Python's prefix is ``/usr``, and a container's app often lives in ``/usr/src/app``:
+    being under the prefix does not make a module installed (only the standard library's and the
+    site directories, and distributions' metadata, do)."""
+    import importlib
+
+    from daskvec import cluster
+
+    app = tmp_path / "src" / "app"
+    app.mkdir(parents=True)
+    (app / "app_envs_dv.py").write_text("A = 1\n")
+    for attr in ("prefix", "exec_prefix", "base_prefix"):
+        monkeypatch.setattr(sys, attr, str(tmp_path))
+    cluster._installed_dirs.cache_clear()
+    sys.path.insert(0, str(app))
+    try:
+        mod = importlib.import_module("app_envs_dv")
+        assert cluster._is_local_module(mod), cluster._installed_dirs()
+        assert importlib.import_module("numpy") not in cluster._top_local_modules()  # installed stays installed
+    finally:
+        sys.path.remove(str(app))
+        sys.modules.pop("app_envs_dv", None)
+        monkeypatch.undo()
+        cluster._installed_dirs.cache_clear()
+
+
 PYTHONPATH_SCRIPT = """
 import json, sys
 import gymnasium as gym
