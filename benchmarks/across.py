@@ -131,7 +131,12 @@ def measure_vector_groups(client: Any, n_groups: int, seconds: float, repeat: in
     sizes = [VECTOR_ENVS // n_groups + (1 if k < VECTOR_ENVS % n_groups else 0) for k in range(n_groups)]
     fns = [functools.partial(make_envpool, VECTOR_TASK, size, seed + 1000 * k, 1) for k, size in enumerate(sizes)]
     alone = make_envpool(VECTOR_TASK, VECTOR_ENVS, seed, _usable_cores())
-    env = DaskVecEnv.from_vector_envs(fns, client=client)
+    try:
+        env = DaskVecEnv.from_vector_envs(fns, client=client)
+    except Exception as e:  # the row's other figures stand
+        alone.close()
+        logger.exception("across hosts: the vector groups could not be built")
+        return {"error": f"{type(e).__name__}: {e}"}
     try:
         actions = action_cycle(alone.single_action_space, VECTOR_ENVS, 64, seed)
         alone.reset()
@@ -338,8 +343,9 @@ def format_across_table(results: dict[str, Any]) -> str:
         vec = r.get("vector")
         if vec is None:
             continue
-        if "skipped" in vec:
-            lines.append(f"vector groups at {r['rtt_ms']:g} ms: skipped ({vec['skipped']})")
+        if "skipped" in vec or "error" in vec:
+            why = f"skipped ({vec['skipped']})" if "skipped" in vec else f"failed: {vec['error']}"
+            lines.append(f"vector groups at {r['rtt_ms']:g} ms: {why}")
             continue
         lines.append(f"vector groups at {r['rtt_ms']:g} ms: EnvPool {vec['task']} x{vec['n_envs']} as {vec['groups']} "
                      f"groups {vec['steps_per_s']:,.0f} env-steps/s, {vec['of_envpool']:.2f} of EnvPool alone here "

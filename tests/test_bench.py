@@ -80,6 +80,7 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
     results = bench.run_benchmark(
         scenarios=["light", "heavy", "images"],
         n_envs=[2],
+        settle=1.0,  # a short wait for an idle CPU before each kind: the test's own timeout stays far
         steps=4,
         warmup=0.0,
         heavy_step_s=1e-4,
@@ -102,7 +103,7 @@ def test_run_benchmark_stepping_structure(cluster2: Any, tmp_path: Path) -> None
             assert res["ttfs_s"] >= res["first_step_s"]
             assert res["memory"]["per_env_mb"] >= 0
             assert res["leftover_processes"] == 0
-            assert 0 <= res["settle_s"] <= 20.5  # each kind waited for an idle CPU, at most --settle
+            assert 0 <= res["settle_s"] <= 5.0  # each kind waited for an idle CPU, about --settle at most
         subproc = case["results"]["subproc"]
         assert subproc["ratio_steps_per_s"] == 1.0 and subproc["ratio_ttfs"] == 1.0
         assert math.isclose(
@@ -614,8 +615,9 @@ def test_wait_idle_waits_while_every_core_is_busy_and_not_at_all_when_off() -> N
     from daskvec.bench.machine import _usable_cores, wait_idle
     from daskvec.bench.measure import busy_processes
 
-    assert wait_idle(0.0) == pytest.approx(0.0, abs=0.05)  # no sample taken
+    assert wait_idle(0.0) == (0.0, True)  # no sample taken
     with busy_processes(_usable_cores()):
-        assert wait_idle(1.0) >= 1.0  # the CPU never went idle: it waited its whole budget
+        waited, idle = wait_idle(1.0)
+        assert not idle and waited >= 1.0  # the CPUs never went idle: it waited its whole budget
     with pytest.raises(ValueError, match="settle must be 0"):
         bench.Options(settle=-1.0)

@@ -156,6 +156,13 @@ def test_other_messages_stay_pickles(message: object) -> None:
     assert same(decode(wire(frames)), message)
 
 
+def test_a_compact_reply_with_0d_arrays_is_a_protocol_error() -> None:
+    """Hostile bytes: observations of no env axis are refused as a ProtocolError, not a TypeError."""
+    zero_d = struct.pack("<BdI", 2, 0.0, 1) + b"\0" + struct.pack("<d", 1.0) + struct.pack("<BBB", 3, 0, 0) + b"<f4"
+    with pytest.raises(ProtocolError, match="malformed compact message"):
+        decode([bytearray(zero_d + b"\0" * 4)])
+
+
 def test_malformed_compact_messages_fail_clearly() -> None:
     frames = wire(encode(COMPACT[2]))
     with pytest.raises(ChannelError, match="malformed"):
@@ -210,8 +217,9 @@ def test_scalar_infos_travel_as_columns_and_come_back_exact() -> None:
             assert same(got, reply), f"reply {k}: {got.infos} != {reply.infos}"
             for p in at:
                 assert [type(v) for v in got.infos[p].values()] == [type(v) for v in reply.infos[p].values()]
-            got.infos[at[0]]["added"] = 1  # the decoded dicts are the client's own
-            assert "added" not in reply.infos[at[0]]
+            again = decode(wire(frames))  # two decodes of one message share nothing
+            got.infos[at[0]]["added"] = 1
+            assert "added" not in again.infos[at[0]]
             rows = [v for p in at for v in got.infos[p].values() if isinstance(v, np.ndarray)]
             assert all(v.base is None and v.flags.writeable for v in rows), "an env's info array is not its own"
 
@@ -234,6 +242,9 @@ def test_scalar_infos_travel_as_columns_and_come_back_exact() -> None:
         {0: {"a": np.complex64(1j)}},
         {0: {1: 1.0}},  # a key that is not a str
         {1: {"a": 1}, 0: {"a": 1}},  # positions out of order
+        {0: {"k" * 70_000: 1}},  # a key longer than the schema's two-byte length allows
+        {0: {"a": np.arange(3, dtype=">i4")}},  # a non-native byte order, which stacking would lose
+        {0: {"a": 1}, 1: {np.str_("a"): 2}},  # a key equal to row 0's but of another type
         {9: {"a": 1}},  # not a position of this group
     ],
 )
@@ -250,7 +261,7 @@ def test_malformed_info_columns_fail_clearly() -> None:
     schema_at = payload.index(b"\x01f\x01\x00a")  # one key, kind f, the key's length and the key
     for broken in (
         payload[:schema_at] + b"\x01z" + payload[schema_at + 2 :],  # an unknown kind
-        payload[:schema_at] + b"\x05" + payload[schema_at + 1 :],  # five keys named in a schema of one
+        payload[: schema_at + 2] + b"\x05\x00" + payload[schema_at + 4 :],  # a key longer than the schema
         payload[:-3],  # a column cut short
     ):
         with pytest.raises(ProtocolError, match="malformed compact message"):

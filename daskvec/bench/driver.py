@@ -184,8 +184,8 @@ def _measure_kinds(
     Before each kind the CPU gets up to ``settle`` seconds to go idle (``settle_s``: the wait).
     """
     for kind in kinds:
-        waited = wait_idle(settle)
-        if settle and waited >= settle:
+        waited, idle = wait_idle(settle)
+        if not idle:
             logger.warning("bench: the CPU was still busy after %.0f s before %s; its figures may be low",
                            settle, LABELS.get(kind, kind))  # fmt: skip
         try:

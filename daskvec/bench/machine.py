@@ -52,20 +52,27 @@ def _git_commit() -> str | None:
     return None
 
 
-def wait_idle(max_wait: float, busy_share: float = 0.15) -> float:
-    """Wait until at most ``busy_share`` of the CPU is busy (0.5 s samples), for at most ``max_wait`` s.
+def wait_idle(max_wait: float, busy_share: float = 0.15) -> tuple[float, bool]:
+    """Wait until at most ``busy_share`` of this process's CPUs are busy (0.5 s samples), for at most ``max_wait`` s.
 
-    Run before each vec env is measured, so that one that follows a kind whose
-    processes are still exiting (SubprocVecEnv's 64) is not measured on a busy machine.
-    Returns the seconds waited; ``max_wait`` <= 0 returns 0 at once.
+    Run before each vec env is measured, so that none is measured on a busy machine (say, while
+    SubprocVecEnv's 64 processes exit). Only the CPUs of this process's affinity count.
+    Returns the seconds waited and whether the CPUs were found idle; ``max_wait`` <= 0
+    returns ``(0.0, True)`` at once, without a sample.
     """
     import psutil
 
+    if max_wait <= 0:
+        return 0.0, True
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     started = time.monotonic()
-    while max_wait > 0 and psutil.cpu_percent(interval=0.5) > busy_share * 100:
+    while True:
+        per_cpu = psutil.cpu_percent(interval=0.5, percpu=True)
+        mine = [per_cpu[c] for c in cpus if c < len(per_cpu)] if cpus else per_cpu
+        if sum(mine) / max(len(mine), 1) <= busy_share * 100:
+            return time.monotonic() - started, True
         if time.monotonic() - started >= max_wait:
-            break
-    return time.monotonic() - started
+            return time.monotonic() - started, False
 
 
 def load_average() -> list[float] | None:

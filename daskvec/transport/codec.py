@@ -134,6 +134,8 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
     for pos, row in zip(positions, rows, strict=True):
         if type(pos) is not int or not last < pos < n or type(row) is not dict or tuple(row) != keys:
             return None
+        if any(type(k) is not str for k in row):  # equal to row 0's, but a str subclass (np.str_)
+            return None
         last = pos
     kinds = bytearray()
     columns = []
@@ -144,8 +146,8 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
             return None
         if t is np.ndarray:  # rows of one dtype and shape (EnvPool's ram), stacked
             first = values[0]
-            if first.ndim == 0 or first.dtype.kind not in "biuf":
-                return None
+            if first.ndim == 0 or first.dtype.kind not in "biuf" or not first.dtype.isnative:
+                return None  # np.stack would give a non-native byte order back as native
             if any(v.dtype != first.dtype or v.shape != first.shape for v in values):
                 return None
             columns.append(np.stack(values))
@@ -165,12 +167,10 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
     cache_key = (keys, bytes(kinds))
     schema = _SCHEMA_OUT.get(cache_key)
     if schema is None:
-        schema = b"".join(
-            [bytes([len(keys)]), bytes(kinds)]
-            + [_SCHEMA_HEAD.pack(len(b)) + b for b in (k.encode("utf-8", "surrogatepass") for k in keys)]
-        )
-        if len(schema) > 0xFFFF:
-            return None
+        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+        if 1 + len(kinds) + sum(_SCHEMA_HEAD.size + len(b) for b in encoded) > 0xFFFF:
+            return None  # the schema's length must fit its two-byte header
+        schema = b"".join([bytes([len(keys)]), bytes(kinds)] + [_SCHEMA_HEAD.pack(len(b)) + b for b in encoded])
         if len(_SCHEMA_OUT) >= _META_CACHE_MAX:
             _SCHEMA_OUT.clear()
         _SCHEMA_OUT[cache_key] = schema
@@ -390,6 +390,8 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         if tag & 0x01:  # _STEP_REPLY_MASKS and _STEP_REPLY_MASKS_INFOS
             masks, offset = _read_array(payload, offset, extra)
         infos = _read_infos(payload, offset, extra, n)[0] if tag & 0x04 else EMPTY
+        if min(a.ndim for a in (obs, final, masks) if a is not None) == 0:
+            raise ValueError("a 0-d array where one row per env is due")
     except Exception as e:  # struct, NumPy and index errors of every kind: all mean a bad message
         raise ProtocolError(f"malformed compact message: {type(e).__name__}: {e}") from e
     if len(flags) != n or len(obs) != n or (masks is not None and len(masks) != n):
@@ -435,9 +437,9 @@ def encode(obj: Any) -> list[bytes | memoryview]:
         Anything cloudpickle can pickle. NumPy arrays inside it are written as raw
         bytes with their dtype and shape; those of at least
         :data:`OUT_OF_BAND_MIN_BYTES` are not copied at all but sent as separate
-        frames after the payload. A step request, and a step reply whose infos hold
-        only the keys the group sets itself, get a compact payload of raw arrays;
-        everything else is one pickle.
+        frames after the payload. A step request, and a step reply whose infos are
+        absent or fit columns (see ``_info_columns``), get a compact payload of raw
+        arrays; everything else is one pickle.
 
     Returns
     -------
