@@ -20,13 +20,16 @@ A cluster of the user's own is left as Dask makes it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 from typing import Any
 
 from distributed import LocalCluster, Nanny
+from distributed.deploy.spec import SpecCluster
 
 from daskvec.errors import MissingMainGuardError
 
@@ -90,10 +93,35 @@ def embedded_cluster(n_workers: int | None = None, **kwargs: Any) -> Any:
     # preloads the set-up that keeps them quiet in the user's terminal.
     preload = [*(dask.config.get("distributed.worker.preload", None) or []), EMBEDDED_PRELOAD]
     install_dashboard_page()  # the scheduler about to start serves the daskvec page
-    with dask.config.set({**EMBEDDED_WORKER_CONFIG, "distributed.worker.preload": preload}):
-        cluster = EmbeddedCluster(**opts)
+    before = set(SpecCluster._instances)
+    try:
+        with dask.config.set({**EMBEDDED_WORKER_CONFIG, "distributed.worker.preload": preload}):
+            cluster = EmbeddedCluster(**opts)
+    except BaseException:  # Ctrl-C in the first seconds, or a start that failed
+        _stop_half_started([c for c in list(SpecCluster._instances) if c not in before])
+        raise
     cluster.quiet_dashboard()
     return cluster
+
+
+def _stop_half_started(clusters: list[Any], grace: float = 5.0) -> None:
+    """Stop clusters whose start was interrupted, and take them from Dask's exit hook.
+
+    Dask's ``close_clusters`` (at interpreter exit) would close them again and, with a
+    nanny still starting, print an ``AssertionError: Status.init`` traceback under the
+    user's ``KeyboardInterrupt``; a worker process spawned as the start was cut could
+    outlive the script. So: close within ``grace`` seconds if the cluster lets itself be
+    closed, then kill whatever worker process is left.
+    """
+    for cluster in clusters:
+        SpecCluster._instances.discard(cluster)
+        with contextlib.suppress(BaseException):
+            cluster.close(timeout=grace)
+        for nanny in list(getattr(cluster, "workers", {}).values()):
+            pid = getattr(getattr(getattr(nanny, "process", None), "process", None), "pid", None)
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 #: Nanny close timeout of the embedded cluster's workers: a worker process gets 0.8 of it

@@ -342,6 +342,52 @@ def test_ctrl_c_is_one_keyboard_interrupt_in_the_users_process(tmp_path: Path) -
 
 
 @pytest.mark.timeout(300)
+def test_ctrl_c_while_the_embedded_cluster_starts_is_one_keyboard_interrupt(tmp_path: Path) -> None:
+    """Ctrl-C in the first seconds, while the nannies start their workers, at three moments.
+
+    Before: under the user's KeyboardInterrupt, Dask's exit hook tried to close the
+    half-started cluster and printed "Exception ignored in atexit callback ...
+    AssertionError: Status.init" (and, at times, "Nanny failed to start").
+    """
+    script = tmp_path / "start.py"
+    script.write_text(
+        textwrap.dedent("""\
+        import gymnasium as gym
+        from daskvec import DaskVecEnv
+
+        if __name__ == "__main__":
+            print("starting", flush=True)
+            env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 4)
+            print("built", flush=True)
+            env.close()
+    """)
+    )
+    for delay in (0.8, 1.3, 1.8):  # seconds after the imports: the nannies are starting
+        proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        gone = False
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert first.strip() == "starting", first
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=120)
+            gone = _wait_for_group_to_end(proc.pid, 60)
+        finally:
+            if not gone:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        if "built" in output:  # the machine was quick: the cluster was up before the signal
+            continue
+        assert "KeyboardInterrupt" in output, output
+        for noise in ("Exception ignored in atexit", "AssertionError", "Nanny failed to start", "Task exception"):
+            assert noise not in output, f"after {delay} s: {output}"
+        assert gone, f"after {delay} s: processes of the script's group were still running a minute after Ctrl-C"
+
+
+@pytest.mark.timeout(300)
 def test_a_closed_dashboard_tab_prints_nothing_from_the_embedded_cluster(tmp_path: Path) -> None:
     """Bokeh's websocket handler raising as a tab closes (here: its session already gone).
 
