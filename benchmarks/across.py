@@ -62,18 +62,23 @@ def _ppo_kwargs(n_steps: int, seed: int) -> dict[str, Any]:
     return {"n_steps": n_steps, "batch_size": 512, "n_epochs": 4, "seed": seed, "device": "cpu", "verbose": 0}
 
 
+def _stepping_rate(step: Any, actions: Any, seconds: float) -> float:
+    """Vec-steps per second of ``step(actions[k])`` over a window of ``seconds``, after a warm-up."""
+    for k in range(20):
+        step(actions[k % len(actions)])
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step(actions[n % len(actions)])
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
 def _sync_stepping(env: Any, seconds: float, seed: int) -> float:
     """Env-steps per second of ``env.step`` with seeded random actions, after a warm-up."""
     actions = action_cycle(env.action_space, env.num_envs, 256, seed)
     env.seed(seed)
     env.reset()
-    for k in range(20):
-        env.step(actions[k])
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        env.step(actions[n % len(actions)])
-        n += 1
-    return n * env.num_envs / (time.perf_counter() - t0)
+    return _stepping_rate(env.step, actions, seconds) * env.num_envs
 
 
 def _collection(model: Any, rollouts: int) -> float:
@@ -102,17 +107,6 @@ def _learn_wall(cls: Any, env: Any, timesteps: int, n_steps: int, seed: int) -> 
 
 #: The vector groups' workload (issue 22): EnvPool's HalfCheetah, as many groups as hosts.
 VECTOR_TASK, VECTOR_ENVS = "HalfCheetah-v5", 64
-
-
-def _stepping_rate(step: Any, actions: Any, seconds: float) -> float:
-    """Vec-steps per second of ``step(actions[k])`` over a window of ``seconds``, after a warm-up."""
-    for k in range(20):
-        step(actions[k % len(actions)])
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        step(actions[n % len(actions)])
-        n += 1
-    return n / (time.perf_counter() - t0)
 
 
 def measure_vector_groups(client: Any, n_groups: int, seconds: float, repeat: int, seed: int) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.noise import ActionNoise, NormalActionNoise, OrnsteinUhlenbeckActionNoise
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecMonitor, VecNormalize
 
+from benchmarks.across_learn import StepWaitSpy
 from daskvec import DaskVecEnv
 from daskvec.sb3 import DaskDDPG, DaskDQN, DaskSAC, DaskTD3
 
@@ -202,25 +203,6 @@ def assert_same_run(got: Any, want: Any, got_cb: Recorder, want_cb: Recorder) ->
     assert len(got.ep_info_buffer) > 0
 
 
-class StepWaits:
-    """Counts the vec env's ``step_wait`` calls and worker-side collections."""
-
-    def __init__(self, env: DaskVecEnv) -> None:
-        self.step_waits = self.collections = 0
-        step_wait, collect = env.step_wait, env.collect_rollout
-
-        def counted_step_wait() -> Any:
-            self.step_waits += 1
-            return step_wait()
-
-        def counted_collect(*args: Any, **kwargs: Any) -> Any:
-            self.collections += 1
-            return collect(*args, **kwargs)
-
-        env.step_wait = counted_step_wait  # type: ignore[method-assign]
-        env.collect_rollout = counted_collect  # type: ignore[method-assign]
-
-
 # --------------------------------------------------------------------------- same data as SB3's loop
 CASES = {
     # learning_starts in the middle of the first collection: warm-up, then the actor
@@ -243,8 +225,7 @@ def test_replay_buffer_and_callbacks_as_sb3_loop(case: str, client2: Any) -> Non
     dask_cls, sb3_cls, env_fn, kw = CASES[case]
     want_cb, got_cb = Recorder(), Recorder()
     want = train(sb3_cls, DummyVecEnv([env_fn] * N_ENVS), 3, want_cb, **kw)
-    with DaskVecEnv([env_fn] * N_ENVS, client2) as env:
-        counter = StepWaits(env)
+    with DaskVecEnv([env_fn] * N_ENVS, client2) as env, StepWaitSpy(env) as counter:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got = train(dask_cls, env, 3, got_cb, **kw)
@@ -362,8 +343,7 @@ def test_on_step_false_stops_training(client2: Any) -> None:
 # --------------------------------------------------------------------------- round trips
 def test_one_step_wait_per_vec_step_with_sb3s_sac(client2: Any) -> None:
     """The instrument of the next test: SB3's own SAC on a DaskVecEnv pays a step_wait per vec-step."""
-    with DaskVecEnv([short_pendulum] * N_ENVS, client2) as env:
-        counter = StepWaits(env)
+    with DaskVecEnv([short_pendulum] * N_ENVS, client2) as env, StepWaitSpy(env) as counter:
         model = make(SAC, env, learning_starts=0)
         model.learn(4 * K * N_ENVS)
     assert counter.step_waits == 4 * K and counter.collections == 0
@@ -374,8 +354,7 @@ def test_at_most_one_step_wait_per_collection(cls: Any, client2: Any) -> None:
     """During learn(), the learner's DaskVecEnv sees no step_wait: one collection request per train_freq."""
     env_fn = short_cartpole if cls is DaskDQN else short_pendulum
     cb = Recorder()
-    with DaskVecEnv([env_fn] * N_ENVS, client2) as env:
-        counter = StepWaits(env)
+    with DaskVecEnv([env_fn] * N_ENVS, client2) as env, StepWaitSpy(env) as counter:
         model = make(cls, env, learning_starts=0, learning_rate=1e-3)
         model.learn(4 * K * N_ENVS, callback=cb)
     assert cb.rollout_starts == 4 and len(cb.steps) == 4 * K
@@ -386,9 +365,12 @@ def test_at_most_one_step_wait_per_collection(cls: Any, client2: Any) -> None:
 def test_train_freq_of_one_step_is_sb3s_loop(client2: Any) -> None:
     """One vec-step per collection: SB3's own loop, without a warning (one round trip either way)."""
     want = train(TD3, DummyVecEnv([short_pendulum] * N_ENVS), 2, train_freq=1, learning_starts=8)
-    with DaskVecEnv([short_pendulum] * N_ENVS, client2) as env, warnings.catch_warnings(record=True) as caught:
+    with (
+        DaskVecEnv([short_pendulum] * N_ENVS, client2) as env,
+        warnings.catch_warnings(record=True) as caught,
+        StepWaitSpy(env) as counter,
+    ):
         warnings.simplefilter("always")
-        counter = StepWaits(env)
         got = train(DaskTD3, env, 2, train_freq=1, learning_starts=8)
     assert not fallbacks(caught)
     assert counter.collections == 0 and counter.step_waits == 2 * K

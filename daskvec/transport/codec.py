@@ -13,7 +13,7 @@ import pickle
 import struct
 from collections import ChainMap
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import cloudpickle
 import numpy as np
@@ -97,6 +97,7 @@ _F8 = np.dtype("<f8")
 _META_OUT: dict[tuple[np.dtype[Any], tuple[int, ...], bool], bytes] = {}
 _META_IN: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
 _META_CACHE_MAX = 256
+_V = TypeVar("_V")
 
 
 # ----------------------------------------------------------------- infos as columns
@@ -170,10 +171,11 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
         encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
         if 1 + len(kinds) + sum(_SCHEMA_HEAD.size + len(b) for b in encoded) > 0xFFFF:
             return None  # the schema's length must fit its two-byte header
-        schema = b"".join([bytes([len(keys)]), bytes(kinds)] + [_SCHEMA_HEAD.pack(len(b)) + b for b in encoded])
-        if len(_SCHEMA_OUT) >= _META_CACHE_MAX:
-            _SCHEMA_OUT.clear()
-        _SCHEMA_OUT[cache_key] = schema
+        schema = _remember(
+            _SCHEMA_OUT,
+            cache_key,
+            b"".join([bytes([len(keys)]), bytes(kinds)] + [_SCHEMA_HEAD.pack(len(b)) + b for b in encoded]),
+        )
     present = np.zeros(n, dtype=np.uint8)
     present[positions] = 1
     return schema, present, columns
@@ -206,12 +208,7 @@ def _read_infos(payload: Any, offset: int, extra: list[Any], n: int) -> tuple[di
     schema = bytes(payload[offset : offset + size])
     offset += size
     known = _SCHEMA_IN.get(schema)
-    if known is None:
-        known = _parse_schema(schema)
-        if len(_SCHEMA_IN) >= _META_CACHE_MAX:
-            _SCHEMA_IN.clear()
-        _SCHEMA_IN[schema] = known
-    keys, kinds = known
+    keys, kinds = known if known is not None else _remember(_SCHEMA_IN, schema, _parse_schema(schema))
     present, offset = _read_array(payload, offset, extra)
     if present.shape != (n,):
         raise ValueError("info positions of another length")
@@ -232,6 +229,17 @@ def _read_infos(payload: Any, offset: int, extra: list[Any], n: int) -> tuple[di
     return infos, offset
 
 
+def _remember(cache: dict[Any, _V], key: Any, value: _V) -> _V:
+    """Store ``value`` in one of the codec's caches (emptied when full: a few hundred shapes at most); return it.
+
+    Lookups stay inline on the step path (``cache.get``); this is the miss path.
+    """
+    if len(cache) >= _META_CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _array_parts(arr: np.ndarray, parts: list[bytes], extra: list[memoryview]) -> None:
     """Append ``arr``'s description and data to a compact message."""
     oob = arr.nbytes >= OUT_OF_BAND_MIN_BYTES
@@ -240,9 +248,7 @@ def _array_parts(arr: np.ndarray, parts: list[bytes], extra: list[memoryview]) -
     if meta is None:
         dtype = arr.dtype.str.encode()
         meta = _ARRAY_HEAD.pack(len(dtype), arr.ndim, oob) + dtype + struct.pack(f"<{arr.ndim}Q", *arr.shape)
-        if len(_META_OUT) >= _META_CACHE_MAX:
-            _META_OUT.clear()
-        _META_OUT[key] = meta
+        _remember(_META_OUT, key, meta)
     parts.append(meta)
     if oob:
         extra.append(memoryview(cast(Any, np.ascontiguousarray(arr))).cast("B"))
@@ -267,12 +273,7 @@ def _read_array(payload: Any, offset: int, extra: list[Any]) -> tuple[np.ndarray
     size = _ARRAY_HEAD.size + payload[offset] + 8 * payload[offset + 1]
     meta = bytes(payload[offset : offset + size])
     known = _META_IN.get(meta)
-    if known is None:
-        known = _parse_meta(meta)
-        if len(_META_IN) >= _META_CACHE_MAX:
-            _META_IN.clear()
-        _META_IN[meta] = known
-    dtype, shape, count = known
+    dtype, shape, count = known if known is not None else _remember(_META_IN, meta, _parse_meta(meta))
     offset += size
     if count < 0:
         arr = np.frombuffer(extra.pop(0), dtype=dtype)
