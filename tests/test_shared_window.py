@@ -278,3 +278,14 @@ def test_a_worker_config_that_is_not_a_bool_is_named(client: Any) -> None:
             DaskVecEnv([factory(i) for i in range(2)], client=client, timeout=30)
     finally:
         client.run(set_shared_memory, True)
+
+
+def test_the_benchmark_alternates_the_window_on_and_off() -> None:
+    pytest.importorskip("envpool")
+    from benchmarks import shared_window
+
+    result = shared_window.run("envpool", rounds=2, seconds=0.2, threshold=WINDOW_MIN_BYTES)
+    assert [row["round"] for row in result["rounds"]] == [0, 1]
+    for row in result["rounds"]:
+        assert row["on"] > 0 and row["off"] > 0 and row["ratio"] == row["on"] / row["off"]
+    assert result["median_ratio"] == (result["rounds"][0]["ratio"] + result["rounds"][1]["ratio"]) / 2
