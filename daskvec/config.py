@@ -11,7 +11,9 @@ left at ``None`` reads the config (see docs/configuration.md).
 Who reads what: the client reads every key when a vec env is created
 (:meth:`daskvec.options.Options.create`), except ``busy-poll``, which is a worker's
 CPU budget: each worker reads it from its own config when it builds an env group
-(:func:`worker_busy_poll`), unless the vec env was given ``busy_poll=``.
+(:func:`worker_busy_poll`), unless the vec env was given ``busy_poll=``; and
+``shared-memory``, which each worker reads from its own config
+(:func:`worker_shared_memory`).
 
 This module imports only Dask and PyYAML: workers import it too.
 """
@@ -25,7 +27,7 @@ import dask.config
 import yaml
 from dask.utils import parse_timedelta
 
-__all__ = ["DEFAULTS", "DURATIONS", "KEYS", "get", "hint", "key", "worker_busy_poll"]
+__all__ = ["DEFAULTS", "DURATIONS", "KEYS", "get", "hint", "key", "worker_busy_poll", "worker_shared_memory"]
 
 #: The file of defaults shipped with daskvec.
 DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "daskvec.yaml")
@@ -103,3 +105,28 @@ def worker_busy_poll(value: float | None, worker: str = "") -> float:
         return check_busy_poll(get("busy_poll"), name=f"the Dask config {key('busy_poll')}{where}")
     except ValueError as e:
         raise ValueError(f"{e}{hint('busy_poll')}") from None
+
+
+def worker_shared_memory(value: bool | None = None, worker: str = "") -> bool:
+    """On a worker: whether a new env group shares a memory window with clients on its machine.
+
+    ``value`` when given (an env process gets its worker's answer), else this worker's
+    own ``daskvec.shared-memory``.
+
+    Raises
+    ------
+    ValueError
+        The worker's config holds something other than true or false; the message
+        names the key and the worker.
+    """
+    if value is not None:
+        return bool(value)
+    got = dask.config.get("daskvec.shared-memory", True)
+    if not isinstance(got, bool):
+        where = f" on worker {worker}" if worker else ""
+        raise ValueError(
+            f"the Dask config daskvec.shared-memory{where} must be true or false, not {got!r}; it is set in a "
+            "Dask YAML file (~/.config/dask/*.yaml, /etc/dask/), the environment variable DASK_DASKVEC__SHARED_MEMORY "
+            "or dask.config.set: fix it there"
+        )
+    return got

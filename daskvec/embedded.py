@@ -20,6 +20,7 @@ A cluster of the user's own is left as Dask makes it.
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -115,6 +116,7 @@ def _stop_half_started(clusters: list[Any], grace: float = 5.0) -> None:
     """
     for cluster in clusters:
         SpecCluster._instances.discard(cluster)
+        _drop_failed_starts(cluster)
         with contextlib.suppress(BaseException):
             cluster.close(timeout=grace)
         for nanny in list(getattr(cluster, "workers", {}).values()):
@@ -122,6 +124,29 @@ def _stop_half_started(clusters: list[Any], grace: float = 5.0) -> None:
             if pid:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def _drop_failed_starts(cluster: Any) -> None:
+    """Keep a nanny's start, failed because Ctrl-C reached its worker process too, out of the user's terminal.
+
+    The cluster's start awaits its nannies' starts; cut short, it never retrieves their
+    outcome, and asyncio prints each failed one ("Task exception was never retrieved ...
+    Nanny failed to start worker process") when the task is collected, under the user's
+    ``KeyboardInterrupt``. Only those records of this cluster's event loop are dropped
+    (one DEBUG line each); anything else goes to the loop's default handler.
+    """
+    loop = getattr(getattr(cluster, "loop", None), "asyncio_loop", None)
+    if loop is None:
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if context.get("message") == "Task exception was never retrieved" and "failed to start" in str(exc):
+            logger.debug("a worker's start cut short by Ctrl-C: %s", exc)
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
 
 
 #: Nanny close timeout of the embedded cluster's workers: a worker process gets 0.8 of it

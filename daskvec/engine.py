@@ -594,7 +594,7 @@ class EngineViews:
 
     @property
     def restart_log(self) -> list[dict[str, Any]]:
-        """One entry per rebuilt env: index, reason, worker, step."""
+        """One entry per rebuilt env: its index (``env``), ``reason``, ``worker``, ``from_worker`` and ``step``."""
         return self._engine.ledger.log
 
     @property

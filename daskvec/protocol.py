@@ -163,6 +163,10 @@ class GroupSpec:
     busy_poll : float or None
         Seconds the direct channel polls for the next request after each reply;
         ``None``: the worker's own Dask config ``daskvec.busy-poll``.
+    shared_memory : bool or None
+        Write large step observations into a memory file shared with a client on the
+        same machine (:mod:`daskvec.transport.window`); ``None``: the worker's own Dask
+        config ``daskvec.shared-memory``.
     send_masks : bool
         Send the envs' action masks with every reply when they all have some.
     autoreset : str
@@ -192,6 +196,7 @@ class GroupSpec:
     rebuilds: tuple[int, ...] | None = None
     base_seeds: tuple[int | None, ...] | None = None
     busy_poll: float | None = 0.0
+    shared_memory: bool | None = None
     send_masks: bool = True
     autoreset: str = "SameStep"
     tls: bool = False

@@ -59,6 +59,9 @@ def test_shipped_defaults_are_the_options_defaults() -> None:
             # the workers read it: the client leaves it to them
             assert defaults.busy_poll is None and Options.create().busy_poll is None
             assert value == 0.002
+        elif name == "shared_memory":
+            # no option: each worker reads it for its groups (config.worker_shared_memory)
+            assert not hasattr(defaults, name) and value is True and config.worker_shared_memory() is True
         else:
             assert getattr(defaults, name) == value, key
     assert Options.create() == defaults

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from daskvec.protocol import RemoteError
 from daskvec.transport.codec import decode, encode, pack, unpack
+from daskvec.transport.window import WindowReader
+from daskvec.transport.window import supported as window_supported
 from daskvec.transport.wire import (
     DIGEST_BYTES,
     NONCE_BYTES,
@@ -121,7 +123,9 @@ class DirectChannel:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         self._sock: socket.socket | None = sock
-        self._reader = FrameReader(sock)
+        # on this machine the group may share a window for its observations (transport/window.py)
+        self._window = WindowReader() if self.family == "unix" and window_supported() else None
+        self._reader = FrameReader(sock, fds=self._window is not None)
 
     def _open(
         self, address: tuple[str, int] | str, timeout: float, ssl_context: ssl.SSLContext | None
@@ -172,7 +176,14 @@ class DirectChannel:
         except OSError as e:
             cls = ProtocolError if isinstance(e, ProtocolError) else ChannelError
             raise cls(f"receive from {self._where} failed: {e}") from e
-        return _decode_reply(frames, self._where)
+        if self._window is not None:
+            fds = self._reader.take_fds()
+            if fds:  # a new window, made for this reply's observations
+                try:
+                    self._window.adopt(fds)
+                except (OSError, ValueError) as e:
+                    raise ProtocolError(f"receive from {self._where} failed: its shared window: {e}") from e
+        return _decode_reply(frames, self._where, self._window)
 
     def fileno(self) -> int:
         """The socket's descriptor, to wait on several channels at once (-1 once closed)."""
@@ -185,6 +196,9 @@ class DirectChannel:
                 self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
             self._sock = None
+            self._reader.close()
+            if self._window is not None:
+                self._window.close()
 
 
 class ActorChannel:
@@ -234,10 +248,10 @@ class ActorChannel:
         self._pending = None
 
 
-def _decode_reply(frames: Sequence[Any], where: str) -> Any:
+def _decode_reply(frames: Sequence[Any], where: str, window: WindowReader | None = None) -> Any:
     """A reply decoded, or a :class:`RemoteError` if its pickle does not load on this side."""
     try:
-        return decode(frames)
+        return decode(frames, window)
     except PickleLoadError as e:
         return _unloadable(e, where)
 

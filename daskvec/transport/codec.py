@@ -19,6 +19,7 @@ import cloudpickle
 import numpy as np
 
 from daskvec.protocol import EMPTY, StepReply
+from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter
 from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,10 @@ _TERMINATED, _TRUNCATED, _FINAL_OBS, _RESET_INFO = 1, 2, 4, 8
 _REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then n flag bytes,
 # n little-endian float64 rewards, the observations, if any episode ended the final
 # observations stacked, then the masks (tags 0x03, 0x07) and the info columns (0x06, 0x07)
-_ARRAY_HEAD = struct.Struct("<BBB")  # length of the dtype string, ndim, out of band?
+_ARRAY_HEAD = struct.Struct("<BBB")  # length of the dtype string, ndim, where (_INLINE, _OUT_OF_BAND, _WINDOW)
+_INLINE, _OUT_OF_BAND, _WINDOW = 0, 1, 2  # in the payload, a frame of its own, the shared window
 _F8 = np.dtype("<f8")
-_META_OUT: dict[tuple[np.dtype[Any], tuple[int, ...], bool], bytes] = {}
+_META_OUT: dict[tuple[np.dtype[Any], tuple[int, ...], int], bytes] = {}
 _META_IN: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
 _META_CACHE_MAX = 256
 _V = TypeVar("_V")
@@ -240,24 +242,28 @@ def _remember(cache: dict[Any, _V], key: Any, value: _V) -> _V:
     return value
 
 
-def _array_parts(arr: np.ndarray, parts: list[bytes], extra: list[memoryview]) -> None:
-    """Append ``arr``'s description and data to a compact message."""
-    oob = arr.nbytes >= OUT_OF_BAND_MIN_BYTES
-    key = (arr.dtype, arr.shape, oob)
+def _array_parts(
+    arr: np.ndarray, parts: list[bytes], extra: list[memoryview], window: WindowWriter | None = None
+) -> None:
+    """Append ``arr``'s description and data to a compact message (its data into ``window``, if given)."""
+    where = _WINDOW if window is not None else _OUT_OF_BAND if arr.nbytes >= OUT_OF_BAND_MIN_BYTES else _INLINE
+    key = (arr.dtype, arr.shape, where)
     meta = _META_OUT.get(key)
     if meta is None:
         dtype = arr.dtype.str.encode()
-        meta = _ARRAY_HEAD.pack(len(dtype), arr.ndim, oob) + dtype + struct.pack(f"<{arr.ndim}Q", *arr.shape)
+        meta = _ARRAY_HEAD.pack(len(dtype), arr.ndim, where) + dtype + struct.pack(f"<{arr.ndim}Q", *arr.shape)
         _remember(_META_OUT, key, meta)
     parts.append(meta)
-    if oob:
+    if window is not None:
+        window.put(arr)
+    elif where == _OUT_OF_BAND:
         extra.append(memoryview(cast(Any, np.ascontiguousarray(arr))).cast("B"))
     else:
         parts.append(arr.tobytes())
 
 
 def _parse_meta(meta: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    n_dtype, ndim, oob = _ARRAY_HEAD.unpack_from(meta, 0)
+    n_dtype, ndim, where = _ARRAY_HEAD.unpack_from(meta, 0)
     dtype = np.dtype(meta[_ARRAY_HEAD.size : _ARRAY_HEAD.size + n_dtype].decode())
     if dtype.hasobject:
         raise ValueError("object arrays are not sent raw")
@@ -265,16 +271,28 @@ def _parse_meta(meta: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
     count = 1
     for dim in shape:
         count *= dim
-    return dtype, shape, -1 if oob else count
+    if where not in (_INLINE, _OUT_OF_BAND, _WINDOW):
+        raise ValueError(f"unknown array location {where}")
+    return dtype, shape, count if where == _INLINE else -where  # -1: out of band, -2: in the window
 
 
-def _read_array(payload: Any, offset: int, extra: list[Any]) -> tuple[np.ndarray, int]:
-    """Read one array written by :func:`_array_parts`; returns it and the next offset."""
+def _read_array(
+    payload: Any, offset: int, extra: list[Any], window: WindowReader | None = None
+) -> tuple[np.ndarray, int]:
+    """Read one array written by :func:`_array_parts`; returns it and the next offset.
+
+    An array in the shared ``window`` is a read-only view of it, valid until the next
+    request on its channel (only a step reply's observations travel there).
+    """
     size = _ARRAY_HEAD.size + payload[offset] + 8 * payload[offset + 1]
     meta = bytes(payload[offset : offset + size])
     known = _META_IN.get(meta)
     dtype, shape, count = known if known is not None else _remember(_META_IN, meta, _parse_meta(meta))
     offset += size
+    if count == -2:
+        if window is None:
+            raise ValueError("an array in a shared window where none can be")
+        return window.array(dtype, shape), offset
     if count < 0:
         arr = np.frombuffer(extra.pop(0), dtype=dtype)
     else:
@@ -301,8 +319,11 @@ def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
     return b"".join(parts), extra
 
 
-def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | None:
-    """The compact form of a step reply, or None if it carries more than the flags can say."""
+def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[bytes, list[memoryview]] | None:
+    """The compact form of a step reply, or None if it carries more than the flags can say.
+
+    Large observations go into ``window`` when there is one (see :mod:`daskvec.transport.window`).
+    """
     obs, rewards, terminated, truncated = reply.obs, reply.rewards, reply.terminated, reply.truncated
     if reply.restarted or any(reply.reset_infos.values()):
         return None
@@ -351,7 +372,7 @@ def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | Non
     parts: list[bytes] = [_REPLY_HEAD.pack(tag, reply.env_seconds, n), bytes(flags)]
     parts.append(rewards.astype("<f8", copy=False).tobytes())
     extra: list[memoryview] = []
-    _array_parts(obs, parts, extra)
+    _array_parts(obs, parts, extra, window if window is not None and obs.nbytes >= WINDOW_MIN_BYTES else None)
     if final:
         _array_parts(np.stack(final), parts, extra)
     if masks is not None:
@@ -365,7 +386,7 @@ def _encode_step_reply(reply: StepReply) -> tuple[bytes, list[memoryview]] | Non
     return b"".join(parts), extra
 
 
-def _decode_step(frames: Sequence[Any]) -> Any:
+def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     """Rebuild the message that the compact encoders wrote, as the pickle path would."""
     payload = frames[0]
     extra = list(frames[1:])
@@ -381,7 +402,7 @@ def _decode_step(frames: Sequence[Any]) -> Any:
         if not rewards.flags.writeable:
             rewards = rewards.copy()
         offset += 8 * n
-        obs, offset = _read_array(payload, offset, extra)
+        obs, offset = _read_array(payload, offset, extra, window)
         # most steps end no episode: then every flag is 0 and there is no final observation to read
         quiet = flags.count(0) == n
         final = None
@@ -429,7 +450,7 @@ def _framed(payload: bytes | memoryview, extra: Sequence[bytes | memoryview]) ->
     return [header, payload, *extra]
 
 
-def encode(obj: Any) -> list[bytes | memoryview]:
+def encode(obj: Any, window: WindowWriter | None = None) -> list[bytes | memoryview]:
     """Encode ``obj`` as frames: a header, one payload, then the raw buffers of large arrays.
 
     Parameters
@@ -441,13 +462,17 @@ def encode(obj: Any) -> list[bytes | memoryview]:
         frames after the payload. A step request, and a step reply whose infos are
         absent or fit columns (see ``_info_columns``), get a compact payload of raw
         arrays; everything else is one pickle.
+    window : WindowWriter, optional
+        The connection's shared window (a client on this machine): a compact step
+        reply's observations of at least :data:`~daskvec.transport.window.WINDOW_MIN_BYTES`
+        are written there instead of into the frames.
 
     Returns
     -------
     list of bytes-like
         ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
-    compact = _encode_step_reply(obj) if type(obj) is StepReply else _encode_step_request(obj)
+    compact = _encode_step_reply(obj, window) if type(obj) is StepReply else _encode_step_request(obj)
     if compact is not None:
         return _framed(*compact)
     buffers: list[pickle.PickleBuffer] = []
@@ -463,8 +488,11 @@ def encode(obj: Any) -> list[bytes | memoryview]:
     return _framed(f.getbuffer(), [b.raw() for b in buffers])
 
 
-def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
+def decode(frames: Sequence[bytes | bytearray | memoryview], window: WindowReader | None = None) -> Any:
     """Decode the frames made by :func:`encode` (without the header frame).
+
+    ``window`` is the channel's shared window, where a step reply's observations may be
+    (a read-only view of it is returned, valid until the next request on the channel).
 
     Raises
     ------
@@ -483,7 +511,7 @@ def decode(frames: Sequence[bytes | bytearray | memoryview]) -> Any:
         except Exception as e:
             raise PickleLoadError(f"malformed message (its pickle does not load: {type(e).__name__}: {e})") from e
     if tag == _STEP_REQUEST or tag in _REPLY_TAGS:
-        return _decode_step(frames)
+        return _decode_step(frames, window)
     raise ProtocolError(f"malformed message (payload starts with byte {tag})")
 
 

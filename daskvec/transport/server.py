@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from daskvec.protocol import RemoteError
+from daskvec.transport import window
 from daskvec.transport.codec import decode, encode
 from daskvec.transport.wire import (
     DIGEST_BYTES,
@@ -152,6 +153,9 @@ class ChannelServer:
         TCP connection must complete a TLS handshake, with a client certificate when
         the context requires one, before the token handshake. The Unix socket, private
         to this user on this machine, stays plain.
+    shared_memory : bool, optional
+        Write large step observations into a memory file shared with a client that
+        connected over the Unix socket (see :mod:`daskvec.transport.window`; Linux).
     max_pending : int, optional
         Connections that may wait for their handshake at once.
     handshake_timeout : float, optional
@@ -186,6 +190,7 @@ class ChannelServer:
         unix_dir: str | None = "",
         busy_poll: float = 0.0,
         ssl_context: ssl.SSLContext | None = None,
+        shared_memory: bool = False,
         max_pending: int = MAX_PENDING,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
@@ -194,6 +199,7 @@ class ChannelServer:
         self._busy_poll = budget if hasattr(socket, "MSG_DONTWAIT") and hasattr(os, "sched_yield") else 0.0
         self._token = token
         self._handler = handler
+        self._shared_memory = bool(shared_memory) and window.supported()
         self._name = name
         self._ssl = ssl_context
         self.tls = ssl_context is not None
@@ -391,6 +397,14 @@ class ChannelServer:
             conn.close()
 
     def _serve_requests(self, conn: socket.socket, peer: Any) -> None:
+        shared = window.WindowWriter() if self._shared_memory and conn.family == socket.AF_UNIX else None
+        try:
+            self._serve_loop(conn, peer, shared)
+        finally:
+            if shared is not None:
+                shared.close()
+
+    def _serve_loop(self, conn: socket.socket, peer: Any, shared: window.WindowWriter | None) -> None:
         # no polling before the first request that came within the budget of a reply
         budget, misses, replied = self._busy_poll, _POLL_MISSES, -float("inf")
         me = id(conn)
@@ -416,16 +430,21 @@ class ChannelServer:
             except ChannelError as e:  # a handler that is gone
                 logger.warning("daskvec channel %s dropped a connection: %s", self._name, e)
                 return
+            frames = self._encode(reply, shared)
+            fd = None if shared is None else shared.take_fd()
             try:
-                send_frames(conn, self._encode(reply))
+                send_frames(conn, frames, () if fd is None else (fd,))
             except OSError:
                 return
+            finally:
+                if fd is not None:  # the client has its own copy of it now (or never will)
+                    os.close(fd)
             replied = time.perf_counter()
 
-    def _encode(self, reply: Any) -> list[bytes | memoryview]:
+    def _encode(self, reply: Any, shared: window.WindowWriter | None) -> list[bytes | memoryview]:
         """``encode(reply)``, or a :class:`RemoteError` saying why it cannot be sent."""
         try:
-            return encode(reply)
+            return encode(reply, shared)
         except Exception as e:
             return encode(
                 RemoteError(

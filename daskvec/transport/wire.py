@@ -20,10 +20,12 @@ previous one, one ``recv`` per group, with no switch of the socket's mode in bet
 
 from __future__ import annotations
 
+import array
 import hashlib
 import hmac
 import logging
 import math
+import os
 import select
 import socket
 import ssl
@@ -32,6 +34,8 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import cast
+
+from daskvec.transport.window import ANCILLARY_BYTES, fds_from_ancillary
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +92,8 @@ class PickleLoadError(ProtocolError):
 
 
 # --------------------------------------------------------------------------- sockets
-def send_frames(sock: socket.socket, frames: list[bytes | memoryview]) -> None:
-    """Write one message's frames (header first) to ``sock``."""
+def send_frames(sock: socket.socket, frames: list[bytes | memoryview], fds: Sequence[int] = ()) -> None:
+    """Write one message's frames (header first) to ``sock``, passing ``fds`` with its first bytes (Unix only)."""
     views = [memoryview(f).cast("B") for f in frames]
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS sockets
         total = sum(v.nbytes for v in views)
@@ -99,8 +103,10 @@ def send_frames(sock: socket.socket, frames: list[bytes | memoryview]) -> None:
             for v in views:
                 sock.sendall(v)
         return
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     while views:
-        sent = sock.sendmsg(views)
+        sent = sock.sendmsg(views, ancillary)
+        ancillary = []  # the descriptors went with the first bytes
         while views and sent >= views[0].nbytes:
             sent -= views[0].nbytes
             views.pop(0)
@@ -178,11 +184,16 @@ class FrameReader:
     ----------
     sock : socket.socket
         A connected socket, plain or TLS, in non-blocking mode.
+    fds : bool, optional
+        Also take the descriptors a peer passes (``SCM_RIGHTS``, a Unix socket): each
+        read is a ``recvmsg``, and :meth:`take_fds` hands them out.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, fds: bool = False) -> None:
         self._sock = sock
         self._tls = isinstance(sock, ssl.SSLSocket)
+        self._fds: list[int] = []
+        self._recv_into = self._recv_with_fds if fds else sock.recv_into
         self._readable = select.poll()
         self._readable.register(sock.fileno(), select.POLLIN)
         self._size = _FIRST_READ
@@ -218,7 +229,7 @@ class FrameReader:
             self._wait(deadline, timeout)
             buf = self._buf = bytearray(self._size)
             try:
-                self._got = self._sock.recv_into(buf)
+                self._got = self._recv_into(buf)
             except BlockingIOError:
                 self._got = 0
             else:
@@ -251,7 +262,7 @@ class FrameReader:
                 self._wait(deadline, timeout)
             try:
                 with memoryview(buf) as view:
-                    k = self._sock.recv_into(view[self._got :], len(buf) - self._got)
+                    k = self._recv_into(view[self._got :], len(buf) - self._got)
             except (BlockingIOError, ssl.SSLWantReadError):
                 wait = True
                 continue
@@ -265,6 +276,26 @@ class FrameReader:
             # a short read took all the socket had: wait for more (unless TLS has decrypted bytes
             # buffered); a full buffer is grown and read again at once
             wait = self._got < len(buf) and not self._buffered()
+
+    def _recv_with_fds(self, buf: bytearray | memoryview, nbytes: int = 0) -> int:
+        """``recv_into`` that keeps the descriptors passed with the bytes (closed by :meth:`close` if never taken)."""
+        view = memoryview(buf)[:nbytes] if nbytes else buf
+        k, ancdata, flags, _ = self._sock.recvmsg_into([view], ANCILLARY_BYTES)
+        if ancdata:
+            self._fds.extend(fds_from_ancillary(ancdata))
+        if flags & getattr(socket, "MSG_CTRUNC", 0):
+            raise ProtocolError("a peer passed more descriptors than one message may carry")
+        return k
+
+    def take_fds(self) -> list[int]:
+        """The descriptors passed since the last call, in order; the caller owns (closes) them."""
+        fds, self._fds = self._fds, []
+        return fds
+
+    def close(self) -> None:
+        """Close descriptors passed and never taken."""
+        for fd in self.take_fds():
+            os.close(fd)
 
     def _buffered(self) -> bool:
         """Whether a TLS socket holds decrypted bytes, which ``poll`` cannot see."""

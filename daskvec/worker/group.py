@@ -126,6 +126,7 @@ class EnvGroup:
         token = spec.token
         # the direct channel's budget (checked before any env is built): given, or this worker's config
         self.busy_poll = None if token is None else config.worker_busy_poll(spec.busy_poll, self.worker_address)
+        self.shared_memory = token is not None and config.worker_shared_memory(spec.shared_memory, self.worker_address)
         self.env_indices = list(spec.env_indices)
         self.on_env_error = spec.on_env_error
         self.max_restarts = spec.max_restarts
@@ -190,6 +191,7 @@ class EnvGroup:
             unix_dir=unix_dir,
             busy_poll=self.busy_poll or 0.0,
             ssl_context=ssl_context,
+            shared_memory=self.shared_memory,
         )
 
     def _command_table(self) -> dict[str, Callable[..., Any]]:

@@ -29,7 +29,7 @@ from typing import Any
 import cloudpickle
 
 from daskvec import metrics
-from daskvec.config import worker_busy_poll
+from daskvec.config import worker_busy_poll, worker_shared_memory
 from daskvec.errors import EnvBuildTimeoutError
 from daskvec.protocol import Command, GroupDesc, GroupSpec, RemoteError
 from daskvec.transport import ChannelError, DirectChannel, pack, unpack
@@ -85,6 +85,7 @@ class EnvHost:
             token=local_token,
             # read here, in the worker, whose Dask config the env process may not share
             busy_poll=worker_busy_poll(spec.busy_poll, self.worker_address),
+            shared_memory=worker_shared_memory(spec.shared_memory, self.worker_address),
             build_timeout=None,  # bounded here, by killing the process
         )
         config = {

@@ -1,0 +1,291 @@
+"""Large observations in shared memory for groups on the client's machine (transport/window.py).
+
+The unit tests pass real descriptors over a real Unix socket pair. The end-to-end tests
+run an embedded cluster's worker processes, check each step against a witness env
+whose every pixel says which env, episode and step it is, look for the mapped window in
+the client's own ``/proc/self/maps``, and SIGKILL a worker under stepping.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from daskvec.protocol import StepReply
+from daskvec.transport import ProtocolError, decode, encode
+from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter, supported
+from daskvec.transport.wire import FrameReader, send_frames
+
+pytestmark = pytest.mark.skipif(not supported(), reason="shared windows need memfd_create and SCM_RIGHTS (Linux)")
+
+SHAPE = (128, 128, 3)  # 48 KiB an env: a group of 4 shares its window, a group of 2 does not
+HORIZON = 7
+
+
+def window_maps() -> int:
+    """How many mappings of a daskvec window this process holds."""
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+        return sum("memfd:daskvec-obs" in line for line in f)
+
+
+def reply_of(obs: np.ndarray) -> StepReply:
+    n = len(obs)
+    return StepReply(obs, np.arange(n, dtype=np.float64), np.zeros(n, bool), np.zeros(n, bool))
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    worker, client = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.setblocking(False)
+    yield worker, client
+    worker.close()
+    client.close()
+
+
+def send(worker: socket.socket, reply: StepReply, writer: WindowWriter) -> int:
+    """Send ``reply`` as a group's server does; return the bytes that crossed the socket."""
+    frames = encode(reply, writer)
+    fd = writer.take_fd()
+    try:
+        send_frames(worker, frames, () if fd is None else (fd,))
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return sum(memoryview(f).nbytes for f in frames)
+
+
+def receive(reader: FrameReader, window: WindowReader) -> tuple[StepReply, int]:
+    """Read a reply as ``DirectChannel.recv`` does; return it and how many descriptors came with it."""
+    frames = reader.read(5.0)
+    fds = reader.take_fds()
+    if fds:
+        window.adopt(fds)
+    return decode(frames, window), len(fds)
+
+
+def test_observations_cross_in_the_window_and_only_a_new_window_passes_a_descriptor(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    worker, client = pair
+    writer, window, reader = WindowWriter(), WindowReader(), FrameReader(client, fds=True)
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 255, size=(4, *SHAPE), dtype=np.uint8)
+    assert big.nbytes >= WINDOW_MIN_BYTES
+    sent = send(worker, reply_of(big), writer)
+    got, fds = receive(reader, window)
+    assert fds == 1 and sent < 1024  # the observations did not cross the socket
+    assert np.array_equal(got.obs, big) and not got.obs.flags.writeable
+    assert np.array_equal(got.rewards, np.arange(4))
+    # the same window serves the next replies: no descriptor, the new contents
+    for k in range(3):
+        nxt = (big + k + 1).astype(np.uint8)
+        send(worker, reply_of(nxt), writer)
+        got, fds = receive(reader, window)
+        assert fds == 0 and np.array_equal(got.obs, nxt)
+    # a larger batch makes a larger window, passed with its reply
+    larger = rng.integers(0, 255, size=(8, *SHAPE), dtype=np.uint8)
+    send(worker, reply_of(larger), writer)
+    got, fds = receive(reader, window)
+    assert fds == 1 and np.array_equal(got.obs, larger)
+    # a small batch stays on the socket, whatever the window
+    small = rng.integers(0, 255, size=(2, 8, 8), dtype=np.uint8)
+    assert send(worker, reply_of(small), writer) > small.nbytes
+    got, fds = receive(reader, window)
+    assert fds == 0 and np.array_equal(got.obs, small) and got.obs.flags.writeable
+    writer.close()
+    # the client's mapping outlives the group's side: the memory goes with the last mapping
+    assert window_maps() == 1
+    window.close()
+    del got
+    gc.collect()
+    assert window_maps() == 0
+
+
+def test_an_array_in_a_window_that_is_missing_or_too_small_is_a_protocol_error(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    worker, client = pair
+    writer, reader = WindowWriter(), FrameReader(client, fds=True)
+    big = np.ones((4, *SHAPE), dtype=np.uint8)
+    send(worker, reply_of(big), writer)
+    frames = reader.read(5.0)
+    fds = reader.take_fds()
+    with pytest.raises(ProtocolError, match="shared window where none can be"):
+        decode(frames)  # a channel that has no window (TCP, the actor channel)
+    with pytest.raises(ProtocolError, match="none was shared"):
+        decode(frames, WindowReader())
+    small = os.memfd_create("small")
+    os.ftruncate(small, 4096)
+    too_small = WindowReader()
+    too_small.adopt([small])
+    with pytest.raises(ProtocolError, match="in a window of 4096"):
+        decode(frames, too_small)
+    right = WindowReader()
+    right.adopt(fds)
+    assert np.array_equal(decode(frames, right).obs, big)
+    writer.close()
+
+
+def test_descriptors_never_taken_are_closed(pair: tuple[socket.socket, socket.socket]) -> None:
+    worker, client = pair
+    writer, reader = WindowWriter(), FrameReader(client, fds=True)
+    send(worker, reply_of(np.ones((4, *SHAPE), dtype=np.uint8)), writer)
+    reader.read(5.0)
+    (fd,) = reader._fds
+    os.fstat(fd)  # open
+    reader.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    writer.close()
+
+
+# ------------------------------------------------------------------ end to end
+class PixelWitness(gym.Env[np.ndarray, int]):
+    """Every pixel is ``(index, episode, step)``-derived: a stale, shifted or foreign row shows."""
+
+    def __init__(self, index: int) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, shape=SHAPE, dtype=np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.index, self.episode, self.t = index, -1, 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return expected(self.index, self.episode, self.t), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return expected(self.index, self.episode, self.t), float(action), False, self.t >= HORIZON, {}
+
+
+def expected(index: int, episode: int, t: int) -> np.ndarray:
+    obs = np.empty(SHAPE, dtype=np.uint8)
+    obs[..., 0], obs[..., 1], obs[..., 2] = index, episode % 256, t
+    obs[0, 0, 0] = (index * 31 + episode * 7 + t) % 256  # one odd pixel: the whole array is compared
+    return obs
+
+
+def factory(i: int) -> Any:
+    return lambda: PixelWitness(i)
+
+
+def check(obs: np.ndarray, dones: np.ndarray, infos: list[dict], last: list[tuple[int, int]]) -> None:
+    """Each env's row is its next step, or after an end (a truncation or a rebuild) a first observation."""
+    for i, row in enumerate(obs):
+        episode, t = int(row[1, 1, 1]), int(row[1, 1, 2])
+        if dones[i]:
+            assert t == 0, f"env {i}: an episode ended but the row is step {t}"
+            final = infos[i]["terminal_observation"]
+            assert int(final[1, 1, 0]) == i and int(final[1, 1, 1]) == last[i][0] % 256
+        else:
+            assert (episode, t) == (last[i][0] % 256, last[i][1] + 1), f"env {i}: {(episode, t)} after {last[i]}"
+        assert np.array_equal(row, expected(i, episode, t)), f"env {i}: a row that is not its own"
+        last[i] = (episode, t)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+def set_shared_memory(value: bool) -> bool:
+    import dask
+
+    dask.config.set({"daskvec.shared-memory": value})
+    return value
+
+
+def test_sb3_face_steps_through_the_window_and_survives_a_killed_worker(client: Any) -> None:
+    from daskvec import DaskVecEnv
+
+    n = 8  # two groups of 4, each 192 KiB of observations a step
+    env = DaskVecEnv([factory(i) for i in range(n)], client=client, step_timeout=30)
+    try:
+        obs = env.reset()
+        last = [(0, 0)] * n
+        assert all(np.array_equal(obs[i], expected(i, 0, 0)) for i in range(n))
+        for _ in range(3 * HORIZON):
+            obs, _, dones, infos = env.step(np.zeros(n, dtype=np.int64))
+            check(obs, dones, infos, last)
+        assert window_maps() == 2, "each group on this machine shares one window"
+        victim = env.groups[0]["worker"]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        marked: set[int] = set()
+        for _ in range(4 * HORIZON):
+            obs, _, dones, infos = env.step(np.zeros(n, dtype=np.int64))
+            marked |= {i for i, info in enumerate(infos) if "daskvec" in info}
+            check(obs, dones, infos, last)
+        lost = {entry["env"] for entry in env.restart_log}
+        assert len(lost) == 4 and marked == lost, "the killed worker's 4 envs were rebuilt, each reported once"
+        assert env.restart_counts.sum() == 4
+        # the rebuilt group shares a window of its own; the lost one's mapping is gone
+        gc.collect()
+        assert window_maps() == 2
+    finally:
+        env.close()
+    gc.collect()
+    assert window_maps() == 0, "close() leaves no window mapped"
+
+
+def test_gymnasium_face_and_the_worker_config_that_turns_it_off(client: Any) -> None:
+    from daskvec import DaskVectorEnv
+
+    n = 8
+    try:
+        for shared in (True, False):
+            client.run(set_shared_memory, shared)
+            vec = DaskVectorEnv([factory(i) for i in range(n)], client=client)
+            sync = gym.vector.SyncVectorEnv([factory(i) for i in range(n)])
+            try:
+                a, _ = vec.reset(seed=1)
+                b, _ = sync.reset(seed=1)
+                assert np.array_equal(a, b)
+                for _ in range(2 * HORIZON):
+                    a = vec.step(np.zeros(n, dtype=np.int64))
+                    b = sync.step(np.zeros(n, dtype=np.int64))
+                    assert np.array_equal(a[0], b[0]) and np.array_equal(a[3], b[3])
+                assert window_maps() == (2 if shared else 0)
+            finally:
+                vec.close()
+                sync.close()
+            gc.collect()
+    finally:
+        client.run(set_shared_memory, True)
+
+
+def test_a_worker_config_that_is_not_a_bool_is_named(client: Any) -> None:
+    from daskvec import DaskVecEnv
+
+    client.run(set_shared_memory, "yes")
+    try:
+        with pytest.raises(Exception, match=r"daskvec.shared-memory on worker .* must be true or false, not 'yes'"):
+            DaskVecEnv([factory(i) for i in range(2)], client=client, timeout=30)
+    finally:
+        client.run(set_shared_memory, True)
+
+
+def test_the_benchmark_alternates_the_window_on_and_off() -> None:
+    pytest.importorskip("envpool")
+    from benchmarks import shared_window
+
+    result = shared_window.run("envpool", rounds=2, seconds=0.2, threshold=WINDOW_MIN_BYTES)
+    assert [row["round"] for row in result["rounds"]] == [0, 1]
+    for row in result["rounds"]:
+        assert row["on"] > 0 and row["off"] > 0 and row["ratio"] == row["on"] / row["off"]
+    assert result["median_ratio"] == (result["rounds"][0]["ratio"] + result["rounds"][1]["ratio"]) / 2
