@@ -31,6 +31,7 @@ from __future__ import annotations
 import array
 import contextlib
 import logging
+import math
 import mmap
 import os
 import socket
@@ -141,7 +142,7 @@ class WindowReader:
         ValueError
             No window was shared, or it is smaller than the array.
         """
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if self._map is None:
             raise ValueError("observations in a shared window, but none was shared")
         if count * dtype.itemsize > len(self._map):

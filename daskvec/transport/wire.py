@@ -160,6 +160,8 @@ def recv_frames(sock: socket.socket) -> list[bytearray]:
 
 
 # --------------------------------------------------------------------------- non-blocking sockets
+#: ``recvmsg``'s flag of ancillary data cut short, as a plain int (the enum's ``&`` costs a microsecond).
+_CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
 #: The smallest buffer a message is read into at first: header and body of a small reply
 #: arrive with one ``recv``.
 _FIRST_READ = 1024
@@ -193,7 +195,7 @@ class FrameReader:
         self._sock = sock
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._fds: list[int] = []
-        self._recv_into = self._recv_with_fds if fds else sock.recv_into
+        self._with_fds = fds
         self._readable = select.poll()
         self._readable.register(sock.fileno(), select.POLLIN)
         self._size = _FIRST_READ
@@ -229,7 +231,12 @@ class FrameReader:
             self._wait(deadline, timeout)
             buf = self._buf = bytearray(self._size)
             try:
-                self._got = self._recv_into(buf)
+                if self._with_fds:  # inline: this path runs twice per step of a light workload
+                    self._got, ancdata, flags, _ = self._sock.recvmsg_into([buf], ANCILLARY_BYTES)
+                    if ancdata or flags & _CTRUNC:
+                        self._keep_fds(ancdata, flags)
+                else:
+                    self._got = self._sock.recv_into(buf)
             except BlockingIOError:
                 self._got = 0
             else:
@@ -262,7 +269,12 @@ class FrameReader:
                 self._wait(deadline, timeout)
             try:
                 with memoryview(buf) as view:
-                    k = self._recv_into(view[self._got :], len(buf) - self._got)
+                    if self._with_fds:
+                        k, ancdata, flags, _ = self._sock.recvmsg_into([view[self._got :]], ANCILLARY_BYTES)
+                        if ancdata or flags & _CTRUNC:
+                            self._keep_fds(ancdata, flags)
+                    else:
+                        k = self._sock.recv_into(view[self._got :], len(buf) - self._got)
             except (BlockingIOError, ssl.SSLWantReadError):
                 wait = True
                 continue
@@ -277,15 +289,11 @@ class FrameReader:
             # buffered); a full buffer is grown and read again at once
             wait = self._got < len(buf) and not self._buffered()
 
-    def _recv_with_fds(self, buf: bytearray | memoryview, nbytes: int = 0) -> int:
-        """``recv_into`` that keeps the descriptors passed with the bytes (closed by :meth:`close` if never taken)."""
-        view = memoryview(buf)[:nbytes] if nbytes else buf
-        k, ancdata, flags, _ = self._sock.recvmsg_into([view], ANCILLARY_BYTES)
-        if ancdata:
-            self._fds.extend(fds_from_ancillary(ancdata))
-        if flags & getattr(socket, "MSG_CTRUNC", 0):
+    def _keep_fds(self, ancdata: list[tuple[int, int, bytes]], flags: int) -> None:
+        """Keep the descriptors a read brought (closed by :meth:`close` if never taken)."""
+        self._fds.extend(fds_from_ancillary(ancdata))
+        if flags & _CTRUNC:
             raise ProtocolError("a peer passed more descriptors than one message may carry")
-        return k
 
     def take_fds(self) -> list[int]:
         """The descriptors passed since the last call, in order; the caller owns (closes) them."""
