@@ -77,7 +77,10 @@ class Group:
         ``env_process=False``). ``socket`` says how a direct channel is connected:
         ``"unix"`` when the group runs on the client's machine, ``"tcp"`` otherwise,
         ``"tls"`` on a secured cluster (``None`` for the actor transport). ``busy_poll`` is
-        the budget the group's worker applies to its channel.
+        the budget the group's worker applies to its channel. ``shared_memory`` is True
+        once the group hands its observations over in a memory window shared with this
+        process (same machine, batches of 128 KiB or more; see
+        :mod:`daskvec.transport.window`).
         """
         return {
             "envs": list(self.env_indices),
@@ -89,6 +92,7 @@ class Group:
             "env_pid": self.env_pid,
             "pid": self.desc.pid,
             "busy_poll": self.desc.busy_poll,
+            "shared_memory": bool(getattr(self.channel, "shared_memory", False)),
         }
 
     @property

@@ -485,7 +485,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
     @property
     def groups(self) -> list[dict[str, Any]]:
         """One entry per env-group actor: its env indices, worker, transport, the
-        worker's ``deadline`` and ``env_pid``, ``socket`` and ``busy_poll``, as
+        worker's ``deadline`` and ``env_pid``, ``socket``, ``busy_poll`` and ``shared_memory``, as
         :meth:`daskvec.groups.Group.describe` tells them."""
         return [g.describe() for g in self._groups]
 

@@ -617,10 +617,10 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
 
     @property
     def groups(self) -> list[dict[str, Any]]:
-        """One entry per env group: its env indices, worker and transport."""
-        return [
-            {"envs": list(g.env_indices), "worker": g.worker, "transport": g.transport} for g in self._engine.groups
-        ]
+        """One entry per env group: env indices, worker, transport, ``shared_memory`` (see ``DaskVecEnv.groups``)."""
+        shared = [bool(getattr(g.channel, "shared_memory", False)) for g in self._engine.groups]
+        return [{"envs": list(g.env_indices), "worker": g.worker, "transport": g.transport, "shared_memory": s}
+                for g, s in zip(self._engine.groups, shared, strict=True)]  # fmt: skip
 
     def close_extras(self, **kwargs: Any) -> None:
         """Shut the env groups down and close what this vec env created (safe with calls in flight).

@@ -8,6 +8,7 @@ the client's own ``/proc/self/maps``, and SIGKILL a worker under stepping.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import signal
@@ -21,7 +22,7 @@ import pytest
 
 from daskvec.protocol import StepReply
 from daskvec.transport import ProtocolError, decode, encode
-from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter, supported
+from daskvec.transport.window import SEALS, WINDOW_MIN_BYTES, WindowReader, WindowWriter, supported
 from daskvec.transport.wire import FrameReader, send_frames
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared windows need memfd_create and SCM_RIGHTS (Linux)")
@@ -122,16 +123,87 @@ def test_an_array_in_a_window_that_is_missing_or_too_small_is_a_protocol_error(
         decode(frames)  # a channel that has no window (TCP, the actor channel)
     with pytest.raises(ProtocolError, match="none was shared"):
         decode(frames, WindowReader())
-    small = os.memfd_create("small")
-    os.ftruncate(small, 4096)
     too_small = WindowReader()
-    too_small.adopt([small])
+    too_small.adopt([sealed_memfd(4096)])
     with pytest.raises(ProtocolError, match="in a window of 4096"):
         decode(frames, too_small)
     right = WindowReader()
     right.adopt(fds)
     assert np.array_equal(decode(frames, right).obs, big)
     writer.close()
+
+
+def sealed_memfd(size: int) -> int:
+    fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    return fd
+
+
+def test_a_window_is_sealed_at_its_size_and_an_unsealed_one_is_refused(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """A peer that could shrink the file under the client's mapping would kill it with SIGBUS."""
+    writer = WindowWriter()
+    assert writer.put(np.ones((4, *SHAPE), dtype=np.uint8))
+    fd = writer.take_fd()
+    assert fd is not None
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+        writer.close()
+    unsealed = os.memfd_create("test")
+    os.ftruncate(unsealed, 1 << 20)
+    with pytest.raises(ValueError, match="not a memory file sealed at its size"):
+        WindowReader().adopt([unsealed])
+    with pytest.raises(OSError):
+        os.fstat(unsealed)  # closed all the same
+    # through a channel: the hostile reply is a ProtocolError, nothing is mapped
+    worker, client = pair
+    reader = FrameReader(client, fds=True)
+    frames = encode(reply_of(np.zeros((2, 4), dtype=np.uint8)))
+    unsealed = os.memfd_create("test")
+    send_frames(worker, frames, (unsealed,))
+    os.close(unsealed)
+    reader.read(5.0)
+    window = WindowReader()
+    with pytest.raises(ValueError):
+        window.adopt(reader.take_fds())
+    assert not window.mapped
+
+
+def test_more_than_one_descriptor_with_a_message_is_refused(pair: tuple[socket.socket, socket.socket]) -> None:
+    worker, client = pair
+    reader = FrameReader(client, fds=True)
+    fds = [sealed_memfd(4096) for _ in range(3)]
+    send_frames(worker, encode(reply_of(np.zeros((2, 4), dtype=np.uint8))), fds)
+    received_before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ProtocolError, match="more than one descriptor"):
+        reader.read(5.0)
+    assert reader.take_fds() == []
+    assert set(os.listdir("/proc/self/fd")) <= received_before  # the ones received are closed
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_window_that_cannot_be_made_leaves_the_observations_on_the_socket(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_more_descriptors(*args: Any) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", no_more_descriptors)
+    worker, client = pair
+    writer, window, reader = WindowWriter(), WindowReader(), FrameReader(client, fds=True)
+    big = np.arange(4 * int(np.prod(SHAPE)), dtype=np.uint32).astype(np.uint8).reshape(4, *SHAPE)
+    for _ in range(2):
+        assert send(worker, reply_of(big), writer) > big.nbytes  # on the socket
+        got, fds = receive(reader, window)
+        assert fds == 0 and np.array_equal(got.obs, big)
+    assert writer.failed and not window.mapped
+    assert sum("no shared window" in r.getMessage() for r in caplog.records) == 1  # logged once
 
 
 def test_descriptors_never_taken_are_closed(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -223,6 +295,7 @@ def test_sb3_face_steps_through_the_window_and_survives_a_killed_worker(client: 
             obs, _, dones, infos = env.step(np.zeros(n, dtype=np.int64))
             check(obs, dones, infos, last)
         assert window_maps() == 2, "each group on this machine shares one window"
+        assert [g["shared_memory"] for g in env.groups] == [True, True]
         victim = env.groups[0]["worker"]
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
@@ -261,6 +334,7 @@ def test_gymnasium_face_and_the_worker_config_that_turns_it_off(client: Any) -> 
                     b = sync.step(np.zeros(n, dtype=np.int64))
                     assert np.array_equal(a[0], b[0]) and np.array_equal(a[3], b[3])
                 assert window_maps() == (2 if shared else 0)
+                assert [g["shared_memory"] for g in vec.groups] == [shared, shared]
             finally:
                 vec.close()
                 sync.close()

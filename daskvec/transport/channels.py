@@ -79,6 +79,10 @@ class DirectChannel:
     is a system call). A step costs one ``sendmsg``, one ``poll`` and usually one
     ``recv`` (see :class:`~daskvec.transport.wire.FrameReader`).
 
+    Over a Unix socket (Linux) the group may hand its observations over in a shared
+    memory window (:mod:`daskvec.transport.window`): a reply's ``obs`` is then a
+    read-only view of it, valid until the next :meth:`send`.
+
     Attributes
     ----------
     family : {"tcp", "tls", "unix"}
@@ -184,6 +188,11 @@ class DirectChannel:
                 except (OSError, ValueError) as e:
                     raise ProtocolError(f"receive from {self._where} failed: its shared window: {e}") from e
         return _decode_reply(frames, self._where, self._window)
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether the group hands its observations over in a shared window (see :mod:`daskvec.transport.window`)."""
+        return self._window is not None and self._window.mapped
 
     def fileno(self) -> int:
         """The socket's descriptor, to wait on several channels at once (-1 once closed)."""

@@ -245,7 +245,7 @@ def _remember(cache: dict[Any, _V], key: Any, value: _V) -> _V:
 def _array_parts(
     arr: np.ndarray, parts: list[bytes], extra: list[memoryview], window: WindowWriter | None = None
 ) -> None:
-    """Append ``arr``'s description and data to a compact message (its data into ``window``, if given)."""
+    """Append ``arr``'s description and data to a compact message (only its description if it is in ``window``)."""
     where = _WINDOW if window is not None else _OUT_OF_BAND if arr.nbytes >= OUT_OF_BAND_MIN_BYTES else _INLINE
     key = (arr.dtype, arr.shape, where)
     meta = _META_OUT.get(key)
@@ -255,8 +255,8 @@ def _array_parts(
         _remember(_META_OUT, key, meta)
     parts.append(meta)
     if window is not None:
-        window.put(arr)
-    elif where == _OUT_OF_BAND:
+        return  # the caller put the data there
+    if where == _OUT_OF_BAND:
         extra.append(memoryview(cast(Any, np.ascontiguousarray(arr))).cast("B"))
     else:
         parts.append(arr.tobytes())
@@ -372,7 +372,8 @@ def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[b
     parts: list[bytes] = [_REPLY_HEAD.pack(tag, reply.env_seconds, n), bytes(flags)]
     parts.append(rewards.astype("<f8", copy=False).tobytes())
     extra: list[memoryview] = []
-    _array_parts(obs, parts, extra, window if window is not None and obs.nbytes >= WINDOW_MIN_BYTES else None)
+    shared = window is not None and obs.nbytes >= WINDOW_MIN_BYTES and window.put(obs)
+    _array_parts(obs, parts, extra, window if shared else None)
     if final:
         _array_parts(np.stack(final), parts, extra)
     if masks is not None:

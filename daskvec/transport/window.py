@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import fcntl
 import logging
 import math
 import mmap
@@ -51,9 +52,18 @@ WINDOW_MIN_BYTES = 1 << 17
 ANCILLARY_BYTES = socket.CMSG_SPACE(4 * 4) if hasattr(socket, "CMSG_SPACE") else 0
 
 
+#: The seals of a window: its size is fixed (and so are its seals).
+SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0) | getattr(fcntl, "F_SEAL_SEAL", 0)
+
+
 def supported() -> bool:
-    """Whether this platform can share a window: memory files and descriptor passing (Linux)."""
-    return hasattr(os, "memfd_create") and hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "AF_UNIX")
+    """Whether this platform can share a window: sealed memory files and descriptor passing (Linux)."""
+    return (
+        hasattr(os, "memfd_create")
+        and hasattr(fcntl, "F_ADD_SEALS")
+        and hasattr(socket, "SCM_RIGHTS")
+        and hasattr(socket, "AF_UNIX")
+    )
 
 
 def fds_from_ancillary(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
@@ -73,24 +83,42 @@ class WindowWriter:
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
         self._new_fd: int | None = None  # the descriptor the next reply hands the client
+        #: a window could not be made: this connection's observations stay on the socket
+        self.failed = False
 
     @property
     def size(self) -> int:
         """Bytes of the current memory file (0: none yet)."""
         return 0 if self._map is None else len(self._map)
 
-    def put(self, arr: np.ndarray) -> None:
-        """Copy ``arr`` (a C-contiguous batch is copied in one pass) to the start of the window."""
+    def put(self, arr: np.ndarray) -> bool:
+        """Copy ``arr`` to the start of the window; False if no window can be made (send it on the socket).
+
+        A window that cannot be made (no descriptors left, no memory, a sandbox that
+        forbids memory files) turns this connection's window off for good, with one
+        log line: its observations then travel on the socket, as elsewhere.
+        """
+        if self.failed:
+            return False
         if arr.nbytes > self.size:
-            self._grow(arr.nbytes)
+            try:
+                self._grow(arr.nbytes)
+            except OSError as e:
+                self.failed = True
+                self._drop()
+                logger.warning("daskvec: no shared window for observations (%s); they go on the socket", e)
+                return False
         assert self._map is not None
         np.copyto(np.frombuffer(self._map, dtype=arr.dtype, count=arr.size).reshape(arr.shape), arr, casting="no")
+        return True
 
     def _grow(self, nbytes: int) -> None:
         size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        fd = os.memfd_create("daskvec-obs", os.MFD_CLOEXEC)
+        fd = os.memfd_create("daskvec-obs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
+            # sealed at its size: the client's mapping can never lose pages under it (SIGBUS)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
             mapped = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -124,15 +152,35 @@ class WindowReader:
         self._map: mmap.mmap | None = None
 
     def adopt(self, fds: list[int]) -> None:
-        """Map the last of ``fds`` (a new window replaces the old one) and close them all."""
+        """Map the last of ``fds`` (a new window replaces the old one) and close them all.
+
+        Raises
+        ------
+        ValueError
+            The descriptor is not a memory file sealed at its size (its owner could
+            shrink it under the mapping, and a read would kill this process with SIGBUS).
+        OSError
+            It cannot be mapped.
+        """
         try:
             fd = fds[-1]
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError:
+                seals = 0
+            if seals & SEALS != SEALS:
+                raise ValueError("the window passed is not a memory file sealed at its size")
             size = os.fstat(fd).st_size
             mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
         finally:
             for fd in fds:
                 os.close(fd)
         self._map = mapped  # the old mapping goes when no array reads it any more
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the group shared a window (and it is still mapped here)."""
+        return self._map is not None
 
     def array(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         """A read-only view of the window as an array of ``dtype`` and ``shape`` (valid until the next request).

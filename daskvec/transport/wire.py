@@ -162,6 +162,8 @@ def recv_frames(sock: socket.socket) -> list[bytearray]:
 # --------------------------------------------------------------------------- non-blocking sockets
 #: ``recvmsg``'s flag of ancillary data cut short, as a plain int (the enum's ``&`` costs a microsecond).
 _CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
+#: Descriptors received are closed in any program this process starts.
+_CLOEXEC = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 #: The smallest buffer a message is read into at first: header and body of a small reply
 #: arrive with one ``recv``.
 _FIRST_READ = 1024
@@ -232,7 +234,7 @@ class FrameReader:
             buf = self._buf = bytearray(self._size)
             try:
                 if self._with_fds:  # inline: this path runs twice per step of a light workload
-                    self._got, ancdata, flags, _ = self._sock.recvmsg_into([buf], ANCILLARY_BYTES)
+                    self._got, ancdata, flags, _ = self._sock.recvmsg_into([buf], ANCILLARY_BYTES, _CLOEXEC)
                     if ancdata or flags & _CTRUNC:
                         self._keep_fds(ancdata, flags)
                 else:
@@ -270,7 +272,7 @@ class FrameReader:
             try:
                 with memoryview(buf) as view:
                     if self._with_fds:
-                        k, ancdata, flags, _ = self._sock.recvmsg_into([view[self._got :]], ANCILLARY_BYTES)
+                        k, ancdata, flags, _ = self._sock.recvmsg_into([view[self._got :]], ANCILLARY_BYTES, _CLOEXEC)
                         if ancdata or flags & _CTRUNC:
                             self._keep_fds(ancdata, flags)
                     else:
@@ -290,10 +292,17 @@ class FrameReader:
             wait = self._got < len(buf) and not self._buffered()
 
     def _keep_fds(self, ancdata: list[tuple[int, int, bytes]], flags: int) -> None:
-        """Keep the descriptors a read brought (closed by :meth:`close` if never taken)."""
+        """Keep the descriptor a message brought (closed by :meth:`close` if never taken); at most one.
+
+        Raises
+        ------
+        ProtocolError
+            More than one descriptor came with a message (every one is closed at once).
+        """
         self._fds.extend(fds_from_ancillary(ancdata))
-        if flags & _CTRUNC:
-            raise ProtocolError("a peer passed more descriptors than one message may carry")
+        if flags & _CTRUNC or len(self._fds) > 1:
+            self.close()
+            raise ProtocolError("a peer passed more than one descriptor with a message")
 
     def take_fds(self) -> list[int]:
         """The descriptors passed since the last call, in order; the caller owns (closes) them."""

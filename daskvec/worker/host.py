@@ -24,7 +24,8 @@ import threading
 import time
 import traceback
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import cloudpickle
 
@@ -144,14 +145,21 @@ class EnvHost:
 
     def handle(self, data: bytes) -> bytes:
         """Entry point of the Dask-actor transport: forwarded to the env process."""
-        return pack(self._forward(unpack(data)))
+        return cast(bytes, self._forward(unpack(data), then=pack))
 
-    def _forward(self, request: Any) -> Any:
+    def _forward(self, request: Any, then: Callable[[Any], Any] | None = None) -> Any:
+        """Send ``request`` to the env process; its reply (passed through ``then`` before the next request may go).
+
+        The reply's observations may be a view of the env process's shared window, valid
+        only until the next request: ``then`` (packing it for the actor's caller) runs
+        under the lock.
+        """
         with self._lock:
             if self._closed:
                 raise ChannelError(f"the env group {self.env_indices} on {self.worker_address} was shut down")
             self._channel.send(request)
-            return self._channel.recv(None)
+            reply = self._channel.recv(None)
+            return reply if then is None else then(reply)
 
     def _refresh_stats(self, timeout: float = _STATS_INTERVAL_S * 10) -> bool:
         """Copy the env process's step figures into this worker's metrics (False once closed)."""
