@@ -160,8 +160,8 @@ def test_episode_ends_on_the_compact_path(dclient: Any, monkeypatch: pytest.Monk
     compact: list[Any] = []
     real_decode_step = codec._decode_step
 
-    def spy(frames: Any) -> Any:
-        message = real_decode_step(frames)
+    def spy(frames: Any, window: Any = None) -> Any:
+        message = real_decode_step(frames, window)
         compact.append(message)
         return message
 
