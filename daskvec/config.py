@@ -110,7 +110,8 @@ def worker_busy_poll(value: float | None, worker: str = "") -> float:
 def worker_shared_memory(value: bool | None = None, worker: str = "") -> bool:
     """On a worker: whether a new env group shares a memory window with clients on its machine.
 
-    ``value`` when given (an env process gets its worker's answer), else this worker's
+    ``value`` when given (``False``: the client cannot read one; ``True``: an env
+    process gets its worker's answer), else (``None``: the client can) this worker's
     own ``daskvec.shared-memory``.
 
     Raises

@@ -41,6 +41,7 @@ from daskvec.transport import (
     recv_many,
     wait_ready,
 )
+from daskvec.transport.window import supported as window_supported
 from daskvec.worker import EnvGroup, EnvHost, factory_name, kill_env_process
 
 logger = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ class GroupPool:
             rebuilds=tuple(int(history.restart_counts[i]) for i in indices) if known else None,
             base_seeds=tuple(history.base_seeds[i] for i in indices) if known else None,
             busy_poll=self.options.busy_poll,
+            shared_memory=None if window_supported() else False,  # this client can read a window: the worker decides
             send_masks=self.options.cache_action_masks,
             autoreset=self.autoreset,
             always_pass_options=self.always_pass_options,

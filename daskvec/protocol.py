@@ -164,9 +164,12 @@ class GroupSpec:
         Seconds the direct channel polls for the next request after each reply;
         ``None``: the worker's own Dask config ``daskvec.busy-poll``.
     shared_memory : bool or None
-        Write large step observations into a memory file shared with a client on the
-        same machine (:mod:`daskvec.transport.window`); ``None``: the worker's own Dask
-        config ``daskvec.shared-memory``.
+        Whether the group may write large step observations into a memory file shared
+        with a client on its machine (:mod:`daskvec.transport.window`). ``False`` (the
+        default: what the spec of a client that cannot read a window carries, an older
+        daskvec's included): never. ``None``: the client can read one, and the worker's
+        own Dask config ``daskvec.shared-memory`` decides. ``True``: decided (an env
+        process gets its worker's answer).
     send_masks : bool
         Send the envs' action masks with every reply when they all have some.
     autoreset : str
@@ -196,7 +199,7 @@ class GroupSpec:
     rebuilds: tuple[int, ...] | None = None
     base_seeds: tuple[int | None, ...] | None = None
     busy_poll: float | None = 0.0
-    shared_memory: bool | None = None
+    shared_memory: bool | None = False
     send_masks: bool = True
     autoreset: str = "SameStep"
     tls: bool = False

@@ -343,6 +343,32 @@ def test_gymnasium_face_and_the_worker_config_that_turns_it_off(client: Any) -> 
         client.run(set_shared_memory, True)
 
 
+def test_a_group_shares_no_window_unless_its_client_said_it_can_read_one() -> None:
+    """A spec without the client's word (an older daskvec's) gets no window: that client could not map it."""
+    import cloudpickle
+
+    from daskvec.protocol import Command, GroupSpec
+    from daskvec.transport import DirectChannel
+    from daskvec.worker import EnvGroup
+
+    token = os.urandom(32)
+    factories = cloudpickle.dumps([factory(i) for i in range(4)])
+    for asked, shared in ((False, False), (None, True)):
+        group = EnvGroup(factories, GroupSpec((0, 1, 2, 3), token=token, shared_memory=asked), worker_address="test")
+        try:
+            channel = DirectChannel(group.describe().unix_path, token)
+            channel.send((Command.RESET, ([0, 1, 2, 3], [{}] * 4)))
+            channel.recv(10)
+            channel.send(("step", (np.zeros(4, dtype=np.int64),)))
+            reply = channel.recv(10)
+            assert np.array_equal(reply.obs[2], expected(2, 0, 1))
+            assert channel.shared_memory is shared
+            channel.close()
+        finally:
+            group.shutdown()
+    assert GroupSpec((0,)).shared_memory is False
+
+
 def test_a_worker_config_that_is_not_a_bool_is_named(client: Any) -> None:
     from daskvec import DaskVecEnv
 

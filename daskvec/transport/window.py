@@ -22,8 +22,10 @@ reply's observations into its buffers. An array read from the window is valid un
 the next request on its channel; the client's buffers copy it before that.
 
 Linux only (``os.memfd_create``); elsewhere, and over TCP or TLS, observations travel
-on the socket as before. Turned off with the worker-side config key
-``daskvec.shared-memory`` (see :func:`daskvec.config.worker_shared_memory`).
+on the socket as before. Both ends agree first: the client says in the group's spec
+that it can read a window (``GroupSpec.shared_memory``; an older client's spec does
+not), and the worker's config key ``daskvec.shared-memory`` can turn it off (see
+:func:`daskvec.config.worker_shared_memory`).
 """
 
 from __future__ import annotations
