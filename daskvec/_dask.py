@@ -135,9 +135,12 @@ def register_scheduler_plugin(client: Any, plugin: Any, name: str, timeout: floa
 
     ``Client.register_plugin`` has no timeout: a frozen scheduler would hold the vec
     env's construction until it resumes. The client's own coroutine is awaited
-    through ``Client.sync``, whose ``callback_timeout`` bounds the wait.
+    through ``Client.sync``, whose ``callback_timeout`` bounds the wait. A plugin whose
+    class says ``idempotent = True`` is registered once: later calls leave the first
+    instance, without the scheduler's "overwriting" warning.
     """
-    client.sync(client._register_scheduler_plugin, plugin, name, False, callback_timeout=timeout)
+    idempotent = bool(getattr(plugin, "idempotent", False))
+    client.sync(client._register_scheduler_plugin, plugin, name, idempotent, callback_timeout=timeout)
 
 
 def log_event_nowait(client: Any, topic: str, msg: dict[str, Any]) -> None:

@@ -538,6 +538,23 @@ def test_vector_groups_against_envpool_alone_structure(client2: Any) -> None:
     assert res["transport"].startswith("direct/")
 
 
+@pytest.mark.timeout(180)
+def test_envpool_layout_benchmark_structure() -> None:
+    """One EnvPool as one group against one EnvPool per core, each as a fraction of EnvPool alone."""
+    pytest.importorskip("envpool", reason="envpool is not installed (pip install envpool)")
+    pytest.importorskip("mujoco", reason="mujoco is not installed")
+    from benchmarks.envpool_layout import run
+
+    res = run("HalfCheetah-v5", rounds=2, seconds=0.2, cores=2)
+    assert (res["envs"], res["cores"], [r["round"] for r in res["rounds"]]) == (64, 2, [0, 1])
+    for row in res["rounds"]:
+        assert min(row["alone"], row["one_group"], row["group_per_core"]) > 0
+        assert row["one_group_of_alone"] == pytest.approx(row["one_group"] / row["alone"])
+        assert row["group_per_core_of_alone"] == pytest.approx(row["group_per_core"] / row["alone"])
+    fractions = [r["one_group_of_alone"] for r in res["rounds"]]
+    assert res["median_one_group_of_alone"] == pytest.approx(sum(fractions) / 2)
+
+
 def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:
     def fig(steps: float, per_collection: float) -> dict[str, Any]:
         return {"steps_per_s": steps, "step_waits_per_collection": per_collection, "collect_s": 1.0, "train_s": 2.0}

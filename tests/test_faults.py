@@ -387,6 +387,22 @@ def test_localcluster_scale_down_while_stepping() -> None:
         assert len(scheduler_workers(client)) == 1
 
 
+def test_the_scale_down_plugin_is_registered_once_without_a_warning(client2: Any) -> None:
+    """Each DaskVecEnv registers it; the scheduler keeps the first and says nothing (it warned "overwriting")."""
+    import warnings
+
+    def plugin_id(dask_scheduler: Any) -> int:
+        return id(dask_scheduler.plugins["daskvec-keep-env-workers"])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        keep_env_workers(client2)
+        first = client2.run_on_scheduler(plugin_id)
+        keep_env_workers(client2)
+        assert client2.run_on_scheduler(plugin_id) == first
+    assert not [w for w in caught if "already contains a plugin" in str(w.message)]
+
+
 def test_keep_env_workers_plugin_spares_env_workers(procs: DaskProcesses) -> None:
     """Adaptive scale-down (``Scheduler.workers_to_close``) picks idle workers first."""
     from distributed import Client

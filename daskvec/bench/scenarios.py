@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,15 +173,12 @@ def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case
             raise ValueError(f"{kind} needs a case with an EnvPool task")
         if kind == "envpool":
             return make_envpool(task, n, opts.seed, opts.cores)
-        # dask-envpool: one EnvPool per core, at most one per 4 envs, sharing the cores' threads
-        groups = max(1, min(opts.cores, math.ceil(n / 4)))
-        sizes = [n // groups + (1 if k < n % groups else 0) for k in range(groups)]
-        threads = max(1, opts.cores // groups)
-        vector_fns = [functools.partial(make_envpool, task, size, opts.seed + sum(sizes[:k]), threads)
-                      for k, size in enumerate(sizes) if size]  # fmt: skip
+        # dask-envpool: one EnvPool with a thread per core, as one group: on one machine it beats
+        # one EnvPool per core (docs/vector-groups.md, "How many vector envs")
         from daskvec.vec_env import DaskVecEnv
 
-        return DaskVecEnv.from_vector_envs(vector_fns, **opts.dask_kwargs())
+        vector_fn = functools.partial(make_envpool, task, n, opts.seed, opts.cores)
+        return DaskVecEnv.from_vector_envs([vector_fn], **opts.dask_kwargs())
     if kind == "async":
         if case is not None and case.make_async is not None:
             fns = [case.make_async] * len(fns)
