@@ -180,13 +180,12 @@ class DirectChannel:
         except OSError as e:
             cls = ProtocolError if isinstance(e, ProtocolError) else ChannelError
             raise cls(f"receive from {self._where} failed: {e}") from e
-        if self._window is not None:
-            fds = self._reader.take_fds()
-            if fds:  # a new window, made for this reply's observations
-                try:
-                    self._window.adopt(fds)
-                except (OSError, ValueError) as e:
-                    raise ProtocolError(f"receive from {self._where} failed: its shared window: {e}") from e
+        if self._reader.has_fds:  # a new window, made for this reply's observations
+            assert self._window is not None  # only a reader made for a window takes descriptors
+            try:
+                self._window.adopt(self._reader.take_fds())
+            except (OSError, ValueError) as e:
+                raise ProtocolError(f"receive from {self._where} failed: its shared window: {e}") from e
         return _decode_reply(frames, self._where, self._window)
 
     @property

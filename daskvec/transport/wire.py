@@ -271,12 +271,7 @@ class FrameReader:
                 self._wait(deadline, timeout)
             try:
                 with memoryview(buf) as view:
-                    if self._with_fds:
-                        k, ancdata, flags, _ = self._sock.recvmsg_into([view[self._got :]], ANCILLARY_BYTES, _CLOEXEC)
-                        if ancdata or flags & _CTRUNC:
-                            self._keep_fds(ancdata, flags)
-                    else:
-                        k = self._sock.recv_into(view[self._got :], len(buf) - self._got)
+                    k = self._recv_fds(view[self._got :]) if self._with_fds else self._sock.recv_into(view[self._got :])
             except (BlockingIOError, ssl.SSLWantReadError):
                 wait = True
                 continue
@@ -291,6 +286,13 @@ class FrameReader:
             # buffered); a full buffer is grown and read again at once
             wait = self._got < len(buf) and not self._buffered()
 
+    def _recv_fds(self, view: memoryview) -> int:
+        """``recv_into`` that keeps the descriptors passed with the bytes (the fast path in :meth:`read` inlines it)."""
+        k, ancdata, flags, _ = self._sock.recvmsg_into([view], ANCILLARY_BYTES, _CLOEXEC)
+        if ancdata or flags & _CTRUNC:
+            self._keep_fds(ancdata, flags)
+        return int(k)
+
     def _keep_fds(self, ancdata: list[tuple[int, int, bytes]], flags: int) -> None:
         """Keep the descriptor a message brought (closed by :meth:`close` if never taken); at most one.
 
@@ -303,6 +305,11 @@ class FrameReader:
         if flags & _CTRUNC or len(self._fds) > 1:
             self.close()
             raise ProtocolError("a peer passed more than one descriptor with a message")
+
+    @property
+    def has_fds(self) -> bool:
+        """Whether descriptors came since the last :meth:`take_fds` (checked per reply without allocating)."""
+        return bool(self._fds)
 
     def take_fds(self) -> list[int]:
         """The descriptors passed since the last call, in order; the caller owns (closes) them."""
