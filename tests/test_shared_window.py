@@ -13,6 +13,7 @@ import gc
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,10 +67,11 @@ def send(worker: socket.socket, reply: StepReply, writer: WindowWriter) -> int:
 def receive(reader: FrameReader, window: WindowReader) -> tuple[StepReply, int]:
     """Read a reply as ``DirectChannel.recv`` does; return it and how many descriptors came with it."""
     frames = reader.read(5.0)
-    fds = reader.take_fds()
-    if fds:
-        window.adopt(fds)
-    return decode(frames, window), len(fds)
+    passed = len(reader.fds)
+    if passed:
+        window.adopt(reader.fds)  # as the channel does: emptied as its descriptors are closed
+    assert not reader.has_fds
+    return decode(frames, window), passed
 
 
 def test_observations_cross_in_the_window_and_only_a_new_window_passes_a_descriptor(
@@ -228,6 +230,48 @@ def test_descriptors_never_taken_are_closed(pair: tuple[socket.socket, socket.so
     with pytest.raises(OSError):
         os.fstat(fd)
     writer.close()
+
+
+def open_descriptors_of(inode: int) -> int:
+    """How many of this process's descriptors refer to the file with ``inode``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.stat(f"/proc/self/fd/{fd}").st_ino == inode
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
+def test_a_channel_interrupted_while_taking_a_window_leaks_no_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C between reading a reply and mapping its window leaves the descriptor with the
+    reader, which closes it with the channel (it was lost when the channel took a copy)."""
+    from daskvec.transport import ChannelServer, DirectChannel
+
+    token = b"t" * 32
+    server = ChannelServer("127.0.0.1", token, lambda request: reply_of(np.ones((4, *SHAPE), np.uint8)),
+                           name="test", shared_memory=True)  # fmt: skip
+    inodes = []
+
+    def interrupt(self: WindowReader, fds: list[int]) -> None:
+        inodes.append(os.fstat(fds[-1]).st_ino)
+        raise KeyboardInterrupt
+
+    try:
+        assert server.unix_path is not None
+        ch = DirectChannel(server.unix_path, token)
+        monkeypatch.setattr(WindowReader, "adopt", interrupt)
+        ch.send(("step", (np.zeros(4, np.int64),)))
+        with pytest.raises(KeyboardInterrupt):
+            ch.recv(10)
+        ch.close()
+    finally:
+        server.close()
+    # the server's connection thread closes its own copy once it sees the client go
+    deadline = time.monotonic() + 10
+    while open_descriptors_of(inodes[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_descriptors_of(inodes[0]) == 0, "the window's descriptor outlived the channel"
 
 
 # ------------------------------------------------------------------ end to end

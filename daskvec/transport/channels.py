@@ -183,7 +183,7 @@ class DirectChannel:
         if self._reader.has_fds:  # a new window, made for this reply's observations
             assert self._window is not None  # only a reader made for a window takes descriptors
             try:
-                self._window.adopt(self._reader.take_fds())
+                self._window.adopt(self._reader.fds)  # emptied as it closes them
             except (OSError, ValueError) as e:
                 raise ProtocolError(f"receive from {self._where} failed: its shared window: {e}") from e
         return _decode_reply(frames, self._where, self._window)

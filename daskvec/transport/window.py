@@ -156,6 +156,11 @@ class WindowReader:
     def adopt(self, fds: list[int]) -> None:
         """Map the last of ``fds`` (a new window replaces the old one) and close them all.
 
+        ``fds`` is emptied as its descriptors are closed, so it can be the reader's own
+        list (:attr:`daskvec.transport.wire.FrameReader.fds`): a descriptor never
+        handed over, say by a Ctrl-C before this call, stays there for the reader's
+        ``close()``.
+
         Raises
         ------
         ValueError
@@ -175,8 +180,8 @@ class WindowReader:
             size = os.fstat(fd).st_size
             mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
         finally:
-            for fd in fds:
-                os.close(fd)
+            while fds:
+                os.close(fds.pop())
         self._map = mapped  # the old mapping goes when no array reads it any more
 
     @property

@@ -311,6 +311,16 @@ class FrameReader:
         """Whether descriptors came since the last :meth:`take_fds` (checked per reply without allocating)."""
         return bool(self._fds)
 
+    @property
+    def fds(self) -> list[int]:
+        """The descriptors passed and not yet taken: the reader's own list, which a consumer empties.
+
+        Descriptors still in it when the reader is closed are closed with it, so handing
+        this list (rather than :meth:`take_fds`'s copy) to whoever closes them leaks
+        nothing if that hand-over is interrupted.
+        """
+        return self._fds
+
     def take_fds(self) -> list[int]:
         """The descriptors passed since the last call, in order; the caller owns (closes) them."""
         fds, self._fds = self._fds, []
