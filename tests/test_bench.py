@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import json
 import math
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -553,6 +555,33 @@ def test_envpool_layout_benchmark_structure() -> None:
         assert row["group_per_core_of_alone"] == pytest.approx(row["group_per_core"] / row["alone"])
     fractions = [r["one_group_of_alone"] for r in res["rounds"]]
     assert res["median_one_group_of_alone"] == pytest.approx(sum(fractions) / 2)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(240)
+def test_against_a_commit_alternates_both_versions_in_one_process(tmp_path: Path) -> None:
+    """``benchmarks/against.py`` takes the package at a commit from git under another name and
+    alternates it with this checkout (here HEAD against itself: the machinery, not a speed)."""
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs a git checkout of daskvec")
+    from benchmarks.against import materialize, run
+
+    name = materialize("HEAD", tmp_path)
+    copy = tmp_path / name
+    assert name.startswith("daskvec_") and (copy / "__init__.py").exists()
+    sources = "".join(p.read_text(encoding="utf-8") for p in copy.rglob("*.py"))
+    assert "from daskvec." not in sources and "import daskvec\n" not in sources and f"from {name}." in sources
+    with pytest.raises(RuntimeError, match="no-such-commit"):
+        materialize("no-such-commit", tmp_path)
+
+    res = run("HEAD", "light", n_envs=2, rounds=2, seconds=0.2)
+    assert (res["scenario"], res["n_envs"], [r["round"] for r in res["rounds"]]) == ("light", 2, [0, 1])
+    for row in res["rounds"]:
+        assert row["base"] > 0 and row["head"] > 0 and row["ratio"] == pytest.approx(row["head"] / row["base"])
+    assert res["median_ratio"] == pytest.approx(sum(r["ratio"] for r in res["rounds"]) / 2)
+    assert res["base_copy"].startswith("daskvec_") and res["base_copy"] in sys.modules
 
 
 def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:

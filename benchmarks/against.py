@@ -1,0 +1,157 @@
+"""``python -m benchmarks.against --base COMMIT``: this checkout's DaskVecEnv against a commit's, in one process.
+
+A change's effect on a machine whose speed swings by a third from one minute to the
+next cannot be read from two runs of ``daskvec bench``. Here both versions run side by
+side: the package as it was at ``--base`` is taken from git (``git archive``) into a
+temporary directory under another name (``daskvec_<commit>``, its imports rewritten
+to match), and each round times a window of stepping with each version, in
+alternating order, the same envs and the same actions. Each version has its own
+embedded cluster; the workers of the one not being timed wait in ``poll``. Reported as
+env-steps/s per round and the ratio this checkout / base, with the median.
+
+The scenarios are ``daskvec bench``'s stepping cases (``light``: CartPole-v1;
+``heavy``: a busy-loop env of 1 ms of CPU a step), built by this checkout's
+``daskvec.bench.scenarios``, so both versions step the same envs. The earlier copy
+adds no dashboard page (two copies would register the same Prometheus series); the
+page is not on the step path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: ``from daskvec...`` and ``import daskvec...`` statements, to be pointed at the copy.
+_IMPORT = re.compile(r"\b(from|import) daskvec\b")
+
+
+def materialize(commit: str, into: Path, repo: Path | None = None) -> str:
+    """Write the ``daskvec`` package as it was at ``commit`` into ``into`` as ``daskvec_<commit>``; its name.
+
+    Raises
+    ------
+    RuntimeError
+        ``commit`` is not a commit of the repository (or git is missing), with git's message.
+    """
+    repo = repo or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", f"{commit}^{{commit}}"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()  # fmt: skip
+        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", sha, "daskvec"],
+                                 check=True, capture_output=True, timeout=120).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
+        raise RuntimeError(f"cannot take daskvec at {commit!r} from {repo}: {detail.strip() or e}") from e
+    name = f"daskvec_{sha}"
+    tar_path = into / "base.tar"
+    tar_path.write_bytes(archive)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into, filter="data")
+    (into / "daskvec").rename(into / name)
+    for path in (into / name).rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        path.write_text(_IMPORT.sub(lambda m: f"{m.group(1)} {name}", text), encoding="utf-8")
+    return name
+
+
+def load_base(name: str, where: Path) -> Any:
+    """Import the copy ``name`` from ``where`` (its worker processes find it too); its ``DaskVecEnv``."""
+    sys.path.insert(0, str(where))  # spawned worker processes start with this process's sys.path
+    cluster: Any = importlib.import_module(f"{name}.cluster")
+    cluster.install_dashboard_page = lambda: False  # see the module's docstring
+    return importlib.import_module(name).DaskVecEnv
+
+
+def rate(venv: Any, actions: np.ndarray, seconds: float) -> float:
+    """Env-steps per second over a window of ``seconds``."""
+    n = actions.shape[1]
+    for k in range(20):
+        venv.step(actions[k % len(actions)])
+    t0, k = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        venv.step(actions[k % len(actions)])
+        k += 1
+    return k * n / (time.perf_counter() - t0)
+
+
+def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> dict[str, Any]:
+    """Alternate this checkout's DaskVecEnv and ``base``'s for ``rounds`` rounds; the rates and ratios."""
+    from daskvec import DaskVecEnv
+    from daskvec.bench.scenarios import Options, _cases
+
+    (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
+    with tempfile.TemporaryDirectory(prefix="daskvec-base-") as tmp:
+        name = materialize(base, Path(tmp))
+        base_cls = load_base(name, Path(tmp))
+        fns = [case.make] * n_envs
+        venvs = {"base": base_cls(fns), "head": DaskVecEnv(fns)}
+        try:
+            actions = np.stack([venvs["head"].action_space.sample() for _ in range(256 * n_envs)])
+            actions = actions.reshape(256, n_envs, *actions.shape[1:])
+            for venv in venvs.values():
+                venv.seed(0)
+                venv.reset()
+            rows = []
+            for r in range(rounds):
+                got = {}
+                for which in ("base", "head") if r % 2 == 0 else ("head", "base"):
+                    got[which] = rate(venvs[which], actions, seconds)
+                rows.append({"round": r, **got, "ratio": got["head"] / got["base"]})
+                logger.info("%s-%d round %d: base %.0f, head %.0f env-steps/s, ratio %.3f",
+                            scenario, n_envs, r, got["base"], got["head"], rows[-1]["ratio"])  # fmt: skip
+        finally:
+            for venv in venvs.values():
+                venv.close()
+    return {
+        "base": base,
+        "base_copy": name,
+        "scenario": scenario,
+        "n_envs": n_envs,
+        "seconds": seconds,
+        "rounds": rows,
+        "median_ratio": statistics.median(row["ratio"] for row in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the commit to compare with (any git revision)")
+    parser.add_argument("--scenario", choices=("light", "heavy"), nargs="+", default=["light", "heavy"])
+    parser.add_argument("--envs", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    handler = logging.StreamHandler()  # this module's lines only: the embedded clusters' stay at warnings
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    results = [run(args.base, s, args.envs, args.rounds, args.seconds) for s in args.scenario]
+    for result in results:
+        logger.info("%s-%d: median ratio head/base %.3f", result["scenario"], result["n_envs"], result["median_ratio"])
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
