@@ -396,7 +396,7 @@ def train(args: argparse.Namespace) -> int:
     Returns
     -------
     int
-        0 on success, 1 when the env or the cluster could not be set up.
+        0 on success, 1 when the env, the cluster or the model could not be set up.
     """
     import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
@@ -432,7 +432,13 @@ def train(args: argparse.Namespace) -> int:
         )
         for line in env.dashboard.lines():  # only links to pages the scheduler serves
             print(line, flush=True)
-        model, callbacks, bar = _model_and_callbacks(args, env)
+        try:
+            model, callbacks, bar = _model_and_callbacks(args, env)
+        except (TypeError, ValueError, AssertionError) as e:  # SB3 checks spaces with assert
+            given = " ".join(f"{k}={v!r}" for k, v in args.hyperparams) or "none"
+            print(f"daskvec train: cannot create {args.algo.upper()} for {args.env_id} (--hyperparams: {given}): "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)  # fmt: skip
+            return 1
         before = _Stepping.of(env)
         start = time.perf_counter()
         model.learn(total_timesteps=args.timesteps, progress_bar=bar, callback=callbacks)

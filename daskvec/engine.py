@@ -173,7 +173,7 @@ class Engine:
         try:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport)
             self.options = replace(options, transport=transport, encrypted=encrypted)
-            self.directory = WorkerDirectory(self.client, self.options)
+            self.directory = WorkerDirectory(self.client, self.options, fixed=self.resolved.own_cluster)
             self.pool = GroupPool(
                 self.client, self.env_fns, self.options, self.directory, autoreset, always_pass_options, vector
             )

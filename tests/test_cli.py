@@ -300,3 +300,17 @@ def test_bench_subcommand_is_wired() -> None:
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["bench", "--help"])
     assert exc.value.code == 0
+
+
+def test_a_model_that_cannot_be_made_fails_cleanly(
+    cluster2: Any, capsys: pytest.CaptureFixture[str], restore_daskvec_logger: Any
+) -> None:
+    """A typo in --hyperparams, or an algorithm that does not fit the env: one line, exit code 1, no traceback."""
+    common = ["--scheduler", cluster2.scheduler_address, "--n-envs", "2", "--no-progress", "--eval-episodes", "0"]
+    assert cli.main(["train", "CartPole-v1", *common, "--hyperparams", "n_step=64"]) == 1
+    err = capsys.readouterr().err
+    assert "daskvec train: cannot create PPO for CartPole-v1 (--hyperparams: n_step=64): TypeError: " in err
+    assert "Traceback" not in err
+    assert cli.main(["train", "CartPole-v1", *common, "--algo", "sac"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot create SAC for CartPole-v1 (--hyperparams: none): AssertionError: " in err and "Traceback" not in err

@@ -295,6 +295,32 @@ def test_interrupted_step_wait_stays_pending(dclient: Any) -> None:
         venv.close()
 
 
+def test_reset_drops_a_step_whose_wait_was_interrupted(dclient: Any) -> None:
+    """learn() again after a Ctrl-C in a notebook: reset() collects the interrupted step and drops it;
+    a step sent and never waited for still refuses a reset."""
+    venv = DaskVecEnv(counting(4), client=dclient, transport="direct", envs_per_actor=2, step_timeout=20)
+    try:
+        venv.reset()
+        interrupt_once(venv._groups[1].channel)
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(KeyboardInterrupt):
+            venv.step_wait()
+        with pytest.raises(AlreadySteppingError, match=r"the last step was interrupted \(reset\(\) drops it\)"):
+            venv.get_attr("total_steps")
+        obs = venv.reset()
+        assert not venv.waiting and obs[:, 0].tolist() == [0, 0, 0, 0]
+        assert venv.get_attr("total_steps") == [1, 1, 1, 1]  # the interrupted step was stepped, then dropped
+        obs, _, _, _ = venv.step(np.zeros(4, dtype=np.int64))
+        assert obs[:, 0].tolist() == [1, 1, 1, 1]
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(AlreadySteppingError, match=r"^a step is pending: call step_wait\(\)"):
+            venv.reset()
+        obs, _, _, _ = venv.step_wait()
+        assert obs[:, 0].tolist() == [2, 2, 2, 2]
+    finally:
+        venv.close()
+
+
 def interrupt_once(channel: Any) -> None:
     """The next ``recv`` on ``channel`` raises KeyboardInterrupt (Ctrl-C during the wait); later ones read."""
     real_recv = channel.recv
@@ -588,3 +614,46 @@ def test_a_build_that_returns_after_its_timeout_closes_what_it_made(vector: bool
     for env in envs if isinstance(envs, list) else [envs]:
         env.close()
     assert sorted(closed) == [0, 0, 1, 1]
+
+
+@pytest.mark.timeout(120)  # the 300 s worker_wait_timeout is not waited out
+def test_a_placement_no_embedded_worker_matches_fails_at_once_naming_the_workers() -> None:
+    with pytest.raises(WorkerLostError) as info:
+        DaskVecEnv(counting(2), workers=["nosuchworker"], worker_wait_timeout=300, cluster_kwargs={"n_workers": 1})
+    message = str(info.value)
+    assert (
+        "no eligible workers matching workers=['nosuchworker']:" in message and "resources" not in message.split(":")[0]
+    )
+    assert "the cluster has 1: " in message and "the embedded cluster gets no other workers" in message
+
+
+@pytest.mark.timeout(120)
+def test_a_placement_no_worker_matches_waits_for_one_on_a_users_cluster(dclient: Any) -> None:
+    """A user's cluster may still get such workers (an adaptive or jobqueue one): wait, then say what is there."""
+    with pytest.raises(WorkerLostError) as info:
+        DaskVecEnv(counting(2), client=dclient, resources={"GPU": 1}, worker_wait_timeout=1)
+    message = str(info.value)
+    assert "no eligible workers matching resources={'GPU': 1}: the cluster has " in message
+    assert "workers=" not in message and "none appeared within worker_wait_timeout=1s" in message
+
+
+class LockEnv(CountingEnv):
+    """An env with an attribute that does not pickle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_value_that_cannot_travel_back_names_its_worker(dclient: Any, transport: str) -> None:
+    """``get_attr`` of something that does not pickle: an error naming the group's worker (not the channel)."""
+    from daskvec.errors import RemoteEnvError
+
+    venv = DaskVecEnv([LockEnv] * 2, client=dclient, transport=transport, envs_per_actor=2)
+    try:
+        with pytest.raises(RemoteEnvError, match="cannot") as info:
+            venv.get_attr("lock", indices=[0])
+        assert info.value.worker == venv.groups[0]["worker"]
+    finally:
+        venv.close()

@@ -43,6 +43,7 @@ from daskvec.protocol import (
 )
 from daskvec.rollout_protocol import RolloutReply, RolloutRequest
 from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
+from daskvec.transport.codec import unsendable
 from daskvec.transport.server import LOG_INTERVAL
 from daskvec.transport.wire import RateLimitedLog
 from daskvec.worker import probes
@@ -192,6 +193,7 @@ class EnvGroup:
             busy_poll=self.busy_poll or 0.0,
             ssl_context=ssl_context,
             shared_memory=self.shared_memory,
+            worker=self.worker_address,
         )
 
     def _command_table(self) -> dict[str, Callable[..., Any]]:
@@ -276,8 +278,16 @@ class EnvGroup:
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, data: bytes) -> bytes:
-        """Entry point of the Dask-actor transport: encoded request in, encoded reply out."""
-        return pack(self.dispatch(unpack(data)))
+        """Entry point of the Dask-actor transport: encoded request in, encoded reply out.
+
+        A reply that cannot be encoded (a value that does not pickle) is an error reply, as on
+        the direct channel: the actor call itself failing would read as a lost worker.
+        """
+        reply = self.dispatch(unpack(data))
+        try:
+            return pack(reply)
+        except Exception as e:
+            return pack(unsendable(reply, e, self.worker_address))
 
     def dispatch(self, request: Any) -> Any:
         """Run one ``(command, args)`` request; return its value or a :class:`RemoteError`."""
