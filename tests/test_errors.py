@@ -115,8 +115,10 @@ def test_out_of_range_indices(dclient: Any) -> None:
 def test_empty_and_non_callable_env_fns(dclient: Any) -> None:
     with pytest.raises(ValueError, match="empty"):
         DaskVecEnv([], client=dclient)
-    with pytest.raises(TypeError, match=r"env_fns\[1\].*not a callable"):
+    with pytest.raises(TypeError, match=r"env_fns\[1\].*not a callable.*, not env instances$"):
         DaskVecEnv([CountingEnv, CountingEnv()], client=dclient)
+    with pytest.raises(TypeError, match=r"env_fns\[0\] is a str, not a callable.*functools.partial.*not env ids$"):
+        DaskVecEnv(["CartPole-v1"], client=dclient)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="single callable"):
         DaskVecEnv(CountingEnv, client=dclient)  # type: ignore[arg-type]
     with pytest.raises(TypeError):

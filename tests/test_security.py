@@ -178,8 +178,17 @@ def test_no_transport_choice_is_plaintext_on_a_secured_cluster_unasked(
     [
         ({"timeout": "5"}, TypeError, r"timeout must be a number of seconds .* pass timeout=5, not the string '5'"),
         ({"step_timeout": [1]}, TypeError, r"step_timeout must be a number of seconds \(int or float\), not list"),
-        ({"migrate_before": "2m"}, TypeError, r"migrate_before must be a number of seconds"),
-        ({"worker_wait_timeout": "soon"}, TypeError, r"worker_wait_timeout must be a number of seconds"),
+        (
+            {"migrate_before": "2m"},
+            TypeError,
+            r"migrate_before must be a number of seconds.* pass migrate_before=120, ",
+        ),
+        ({"timeout": " 30s"}, TypeError, r"pass timeout=30, not the string ' 30s'$"),
+        (
+            {"worker_wait_timeout": "soon"},
+            TypeError,
+            r"worker_wait_timeout must be a number of seconds \(int or float\), not str 'soon'$",
+        ),
         ({"rebalance_interval": True}, TypeError, r"rebalance_interval must be a number of seconds"),
         ({"timeout": -1}, ValueError, r"timeout must be a positive number of seconds"),
         ({"transport": "tls"}, ValueError, r"transport must be one of .*direct-insecure"),
