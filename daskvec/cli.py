@@ -351,8 +351,20 @@ def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[
     bar = not args.no_progress and terminal and _has_progress_bar_deps()
     callbacks: list[Any] = [DaskVecEnvMetrics()]
     if not args.no_progress and not terminal:
-        callbacks.append(ConvertCallback(_ProgressLines(env, args.timesteps, args.progress_interval)))
+        callbacks.append(
+            ConvertCallback(_ProgressLines(env, _steps_to_train(model, args.timesteps), args.progress_interval))
+        )
     return model, callbacks, bar
+
+
+def _steps_to_train(model: Any, timesteps: int) -> int:
+    """The env steps ``model.learn(timesteps)`` takes: an on-policy algorithm collects whole rollouts."""
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    if isinstance(model, OnPolicyAlgorithm):
+        rollout = model.n_steps * model.n_envs
+        return -(-timesteps // rollout) * rollout
+    return timesteps
 
 
 def _report_training(args: argparse.Namespace, model: Any, elapsed: float, stepping: _Stepping) -> None:

@@ -119,12 +119,19 @@ def resolve_client(
     TypeError
         For anything else.
     ValueError
-        For a scheduler address that cannot be reached.
+        For a scheduler address that cannot be reached, or ``cluster_kwargs`` where no
+        embedded cluster is started.
     """
     from distributed import Client
 
+    current = _default_client() if client is None else None
+    if cluster_kwargs and (client is not None or current is not None):
+        given = f"client={type(client).__name__}" if client is not None else f"the default Client {current}"
+        raise ValueError(
+            f"cluster_kwargs configures the embedded LocalCluster, which daskvec does not start with {given}: "
+            "configure that cluster instead, or drop cluster_kwargs"
+        )
     if client is None:
-        current = _default_client()
         if current is not None:
             return ResolvedClient(current)
         cluster = embedded_cluster(**(cluster_kwargs or {}))

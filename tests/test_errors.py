@@ -121,6 +121,8 @@ def test_empty_and_non_callable_env_fns(dclient: Any) -> None:
         DaskVecEnv(["CartPole-v1"], client=dclient)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="single callable"):
         DaskVecEnv(CountingEnv, client=dclient)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"cluster_kwargs configures the embedded LocalCluster.*client=Client"):
+        DaskVecEnv([CountingEnv], client=dclient, cluster_kwargs={"n_workers": 5})
     with pytest.raises(TypeError):
         DaskVecEnv("CartPole-v1", client=dclient)  # type: ignore[arg-type]
 
