@@ -186,15 +186,19 @@ class WorkerDirectory:
         """Choose live workers for ``env_groups``, avoiding ``avoid`` (workers that failed).
 
         Workers about to leave are avoided too when others exist. If only workers in
-        ``fallback`` (e.g. a worker that merely hung) are left, they are used. Among
-        the candidates, each group goes to the one holding the fewest envs (``load``).
+        ``fallback`` (a worker that merely hung, or whose env process died) are left,
+        they are used at once, without waiting for others to join. Among the
+        candidates, each group goes to the one holding the fewest envs (``load``).
         """
-        try:
-            candidates = self.wait_for_workers(exclude=sorted(avoid))
-        except WorkerLostError:
-            if not fallback:
-                raise
-            candidates = self.wait_for_workers(exclude=sorted(avoid - fallback))
+        workers = _cluster.scheduler_workers(self.client, self.options.timeout)
+        eligible = self.eligible(workers)
+        if fallback and not [w for w in eligible if w not in avoid]:
+            usable = [w for w in eligible if w in fallback]
+            if usable:
+                logger.info("no other worker can take envs %s: using %s again", env_groups, usable)
+        else:
+            usable = []
+        candidates = usable or self.wait_for_workers(exclude=sorted(avoid))
         now = time.time()
         candidates = [w for w in candidates if not self.leaving(w, now)] or candidates
         return self.assign(env_groups, candidates, load)

@@ -661,3 +661,43 @@ def test_a_value_that_cannot_travel_back_names_its_worker(dclient: Any, transpor
         assert info.value.worker == venv.groups[0]["worker"]
     finally:
         venv.close()
+
+
+class SleepOnceEnv(CountingEnv):
+    """Sleeps ``delay`` seconds in its 3rd step, once per worker process (a hang the step timeout ends)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(horizon=1000)
+        self.delay = delay
+
+    def step(self, action: int) -> Any:
+        if self.t == 2 and not os.environ.get("DASKVEC_TEST_SLEPT"):
+            os.environ["DASKVEC_TEST_SLEPT"] = "1"
+            time.sleep(self.delay)
+        return super().step(action)
+
+
+@pytest.mark.timeout(120)  # without the fallback: WorkerLostError after worker_wait_timeout
+def test_a_worker_that_timed_out_takes_its_envs_back_when_it_is_the_only_one() -> None:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40) as lc,
+        Client(lc, set_as_default=False) as client,
+    ):
+        (worker,) = client.scheduler_info()["workers"]
+        fns = [functools.partial(SleepOnceEnv, 3.0)] * 2
+        venv = DaskVecEnv(fns, client=client, step_timeout=1.0, worker_wait_timeout=30)
+        try:
+            venv.reset()
+            actions = np.zeros(2, dtype=np.int64)
+            venv.step(actions)
+            venv.step(actions)
+            obs, _, dones, infos = venv.step(actions)  # the 3rd step hangs past step_timeout
+            assert dones.tolist() == [True, True]
+            assert [info[INFO_KEY]["reason"] for info in infos] == ["timeout", "timeout"]
+            assert [g["worker"] for g in venv.groups] == [worker]  # the same worker, the only one
+            obs, _, dones, _ = venv.step(actions)
+            assert obs[:, 0].tolist() == [1, 1] and not dones.any()
+        finally:
+            venv.close()
