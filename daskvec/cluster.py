@@ -33,6 +33,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskvec import _dask
 from daskvec.dashboard_link import check_dashboard
 from daskvec.embedded import WORKER_EXIT_S, EmbeddedCluster, embedded_cluster
+from daskvec.errors import SchedulerLostError
 from daskvec.protocol import GROUP_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def address_scheme(address: str) -> str:
     return address.split("://", 1)[0].lower() if "://" in address else "tcp"
 
 
-def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None) -> list[str]:
+def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None, timeout: float = 30.0) -> list[str]:
     """Why the cluster behind ``client`` counts as secured; empty when it does not.
 
     Anything that can say so is asked: the scheduler's address scheme, every worker's
@@ -191,6 +192,13 @@ def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None)
         The client of the cluster.
     worker_addresses : sequence of str, optional
         The workers to check; by default every worker the scheduler knows now.
+    timeout : float, optional
+        Seconds the scheduler has to name its workers.
+
+    Raises
+    ------
+    SchedulerLostError
+        The scheduler did not answer within ``timeout`` (nothing can be placed then).
     """
     reasons: list[str] = []
     address = str(getattr(client.scheduler, "address", "") or "")
@@ -198,7 +206,9 @@ def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None)
         reasons.append(f"scheduler address {address}")
     if worker_addresses is None:
         try:
-            worker_addresses = list(scheduler_workers(client))
+            worker_addresses = list(scheduler_workers(client, timeout))
+        except SchedulerLostError:
+            raise
         except Exception as e:  # cannot tell: assume the worst
             reasons.append(f"worker addresses unknown ({type(e).__name__}: {e})")
             worker_addresses = []
@@ -266,7 +276,7 @@ def client_ssl_context(client: Any) -> Any:
         return None
 
 
-def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
+def choose_transport(client: Any, transport: str, timeout: float = 30.0) -> tuple[str, bool]:
     """The transport a vec env uses on ``client``'s cluster, and whether its direct channel is TLS.
 
     On a plain cluster, ``transport`` as given. On a secured one (see
@@ -279,7 +289,7 @@ def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
     ValueError
         ``transport="direct"`` on a secured cluster whose client has no TLS context.
     """
-    reasons = security_reasons(client)
+    reasons = security_reasons(client, timeout=timeout)
     if not reasons:
         return transport, False
     why = "; ".join(reasons)

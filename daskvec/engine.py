@@ -172,7 +172,7 @@ class Engine:
         _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
         self.pool: GroupPool | None = None
         try:
-            transport, encrypted = _cluster.choose_transport(self.client, options.transport)
+            transport, encrypted = _cluster.choose_transport(self.client, options.transport, options.timeout)
             self.options = replace(options, transport=transport, encrypted=encrypted)
             self.directory = WorkerDirectory(self.client, self.options, fixed=self.resolved.own_cluster)
             self.pool = GroupPool(
