@@ -398,7 +398,7 @@ class Recovery:
         for g, exc in lost.items():
             if reasons[g] == "timeout" and not self.options.env_process:
                 # the step is still running in that worker (a hung env holds a thread there)
-                self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.0f}s")
+                self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.3g}s")
             what = "timed out" if reasons[g] == "timeout" else "were lost"
             # the message, not the exception: a handler that keeps records (a notebook's, pytest's) would
             # keep its traceback's frames, and the replies and shared windows they hold

@@ -25,7 +25,7 @@ from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OUT_OF_BAND_MIN_BYTES", "decode", "encode", "pack", "unpack", "unsendable"]
+__all__ = ["OUT_OF_BAND_MIN_BYTES", "decode", "encode", "pack", "pack_reply", "unpack", "unsendable"]
 
 # --------------------------------------------------------------------------- encoding
 #: Arrays at least this large travel as separate out-of-band frames (never copied
@@ -529,6 +529,18 @@ def unsendable(reply: Any, exc: Exception, worker: str) -> RemoteError:
         env_index=None,
         worker=worker,
     )
+
+
+def pack_reply(reply: Any, worker: str) -> bytes:
+    """:func:`pack` of a reply, or of the :func:`unsendable` error if it cannot be encoded.
+
+    An actor call that raised would read as a lost worker on the client; a value that
+    does not pickle is the caller's problem, reported as the direct channel reports it.
+    """
+    try:
+        return pack(reply)
+    except Exception as e:
+        return pack(unsendable(reply, e, worker))
 
 
 def pack(obj: Any) -> bytes:
