@@ -62,6 +62,8 @@ class StepBuffers:
         # envs rebuilt outside a step (e.g. during env_method): their truncation is
         # reported in the next step, whose result comes from the rebuilt env
         self._deferred: dict[int, tuple[dict[str, Any], Any]] = {}
+        # envs rebuilt during the reset in progress: the reset sent again to them keeps the marker
+        self._reset_markers: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ writing replies
     def write_obs(self, group: Group, stacked: Any) -> None:
@@ -86,6 +88,8 @@ class StepBuffers:
             info = dict(reply.reset_infos[pos])
             if pos in reply.restarted:
                 info[INFO_KEY] = reply.restarted[pos]
+            elif i in self._reset_markers:
+                info[INFO_KEY] = self._reset_markers[i]
             self.reset_infos[i] = info
 
     def take_step(self, group: Group, reply: StepReply) -> None:
@@ -142,6 +146,8 @@ class StepBuffers:
             self.take_reset(rebuild.group, rebuild.reply)
             for i in rebuild.group.env_indices:
                 self.reset_infos[i][INFO_KEY] = rebuild.markers[i]
+                if during == "reset":
+                    self._reset_markers[i] = rebuild.markers[i]
 
     def _truncate(self, i: int, marker: dict[str, Any], terminal: Any, keep_step: bool) -> None:
         if keep_step:  # moved after a step it made: its reward and info stand
@@ -169,8 +175,9 @@ class StepBuffers:
         return sorted(self._deferred)
 
     def forget_deferred(self) -> None:
-        """Drop deferred reports (a reset starts new episodes everywhere)."""
+        """Drop deferred reports (a reset starts new episodes everywhere), and the markers of the last reset."""
         self._deferred.clear()
+        self._reset_markers.clear()
 
     # ------------------------------------------------------------------ reading
     def obs_row(self, i: int) -> Any:

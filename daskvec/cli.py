@@ -351,8 +351,20 @@ def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[
     bar = not args.no_progress and terminal and _has_progress_bar_deps()
     callbacks: list[Any] = [DaskVecEnvMetrics()]
     if not args.no_progress and not terminal:
-        callbacks.append(ConvertCallback(_ProgressLines(env, args.timesteps, args.progress_interval)))
+        callbacks.append(
+            ConvertCallback(_ProgressLines(env, _steps_to_train(model, args.timesteps), args.progress_interval))
+        )
     return model, callbacks, bar
+
+
+def _steps_to_train(model: Any, timesteps: int) -> int:
+    """The env steps ``model.learn(timesteps)`` takes: an on-policy algorithm collects whole rollouts."""
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    if isinstance(model, OnPolicyAlgorithm):
+        rollout = model.n_steps * model.n_envs
+        return -(-timesteps // rollout) * rollout
+    return timesteps
 
 
 def _report_training(args: argparse.Namespace, model: Any, elapsed: float, stepping: _Stepping) -> None:
@@ -396,7 +408,7 @@ def train(args: argparse.Namespace) -> int:
     Returns
     -------
     int
-        0 on success, 1 when the env or the cluster could not be set up.
+        0 on success, 1 when the env, the cluster or the model could not be set up.
     """
     import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
@@ -432,7 +444,13 @@ def train(args: argparse.Namespace) -> int:
         )
         for line in env.dashboard.lines():  # only links to pages the scheduler serves
             print(line, flush=True)
-        model, callbacks, bar = _model_and_callbacks(args, env)
+        try:
+            model, callbacks, bar = _model_and_callbacks(args, env)
+        except (TypeError, ValueError, AssertionError) as e:  # SB3 checks spaces with assert
+            given = " ".join(f"{k}={v!r}" for k, v in args.hyperparams) or "none"
+            print(f"daskvec train: cannot create {args.algo.upper()} for {args.env_id} (--hyperparams: {given}): "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)  # fmt: skip
+            return 1
         before = _Stepping.of(env)
         start = time.perf_counter()
         model.learn(total_timesteps=args.timesteps, progress_bar=bar, callback=callbacks)

@@ -33,6 +33,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskvec import _dask
 from daskvec.dashboard_link import check_dashboard
 from daskvec.embedded import WORKER_EXIT_S, EmbeddedCluster, embedded_cluster
+from daskvec.errors import SchedulerLostError
 from daskvec.protocol import GROUP_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -119,12 +120,19 @@ def resolve_client(
     TypeError
         For anything else.
     ValueError
-        For a scheduler address that cannot be reached.
+        For a scheduler address that cannot be reached, or ``cluster_kwargs`` where no
+        embedded cluster is started.
     """
     from distributed import Client
 
+    current = _default_client() if client is None else None
+    if cluster_kwargs and (client is not None or current is not None):
+        given = f"client={type(client).__name__}" if client is not None else f"the default Client {current}"
+        raise ValueError(
+            f"cluster_kwargs configures the embedded LocalCluster, which daskvec does not start with {given}: "
+            "configure that cluster instead, or drop cluster_kwargs"
+        )
     if client is None:
-        current = _default_client()
         if current is not None:
             return ResolvedClient(current)
         cluster = embedded_cluster(**(cluster_kwargs or {}))
@@ -167,7 +175,7 @@ def address_scheme(address: str) -> str:
     return address.split("://", 1)[0].lower() if "://" in address else "tcp"
 
 
-def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None) -> list[str]:
+def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None, timeout: float = 30.0) -> list[str]:
     """Why the cluster behind ``client`` counts as secured; empty when it does not.
 
     Anything that can say so is asked: the scheduler's address scheme, every worker's
@@ -184,6 +192,13 @@ def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None)
         The client of the cluster.
     worker_addresses : sequence of str, optional
         The workers to check; by default every worker the scheduler knows now.
+    timeout : float, optional
+        Seconds the scheduler has to name its workers.
+
+    Raises
+    ------
+    SchedulerLostError
+        The scheduler did not answer within ``timeout`` (nothing can be placed then).
     """
     reasons: list[str] = []
     address = str(getattr(client.scheduler, "address", "") or "")
@@ -191,7 +206,9 @@ def security_reasons(client: Any, worker_addresses: Sequence[str] | None = None)
         reasons.append(f"scheduler address {address}")
     if worker_addresses is None:
         try:
-            worker_addresses = list(scheduler_workers(client))
+            worker_addresses = list(scheduler_workers(client, timeout))
+        except SchedulerLostError:
+            raise
         except Exception as e:  # cannot tell: assume the worst
             reasons.append(f"worker addresses unknown ({type(e).__name__}: {e})")
             worker_addresses = []
@@ -259,7 +276,7 @@ def client_ssl_context(client: Any) -> Any:
         return None
 
 
-def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
+def choose_transport(client: Any, transport: str, timeout: float = 30.0) -> tuple[str, bool]:
     """The transport a vec env uses on ``client``'s cluster, and whether its direct channel is TLS.
 
     On a plain cluster, ``transport`` as given. On a secured one (see
@@ -272,7 +289,7 @@ def choose_transport(client: Any, transport: str) -> tuple[str, bool]:
     ValueError
         ``transport="direct"`` on a secured cluster whose client has no TLS context.
     """
-    reasons = security_reasons(client)
+    reasons = security_reasons(client, timeout=timeout)
     if not reasons:
         return transport, False
     why = "; ".join(reasons)

@@ -45,9 +45,10 @@ class WorkerDirectory:
         Reads ``workers``, ``resources``, ``worker_wait_timeout`` and ``migrate_before``.
     """
 
-    def __init__(self, client: Any, options: Options) -> None:
+    def __init__(self, client: Any, options: Options, fixed: bool = False) -> None:
         self.client = client
         self.options = options
+        self.fixed = fixed  # the cluster's workers are all it will have (the embedded one)
         self._deadlines: dict[str, float | None] = {}
         self._any_deadline = False
         self._quarantine: dict[str, float] = {}  # worker -> time.monotonic() it may take envs again
@@ -135,25 +136,45 @@ class WorkerDirectory:
             When no such worker appeared in time.
         """
         deadline = time.monotonic() + self.options.worker_wait_timeout
+        opts = self.options
         while True:
-            found = [w for w in self.eligible() if w not in exclude]
+            workers = _cluster.scheduler_workers(self.client, opts.timeout)
+            found = [w for w in self.eligible(workers) if w not in exclude]
             if found:
                 quarantined = self.quarantined()
                 return [w for w in found if w not in quarantined] or found
-            if time.monotonic() > deadline:
-                opts = self.options
-                what = (
-                    "workers"
-                    if not (opts.workers or opts.resources)
-                    else f"workers matching workers={list(opts.workers or [])} resources={opts.resources}"
-                )
-                raise WorkerLostError(
-                    f"no eligible {what} appeared within worker_wait_timeout={opts.worker_wait_timeout:.0f}s; "
-                    "start workers or relax the placement options",
-                    env_indices=[],
-                    worker="",
-                )
+            # on a cluster that gets no new workers, a placement no worker matches never will
+            mismatch = (
+                self.fixed and bool(workers) and bool(opts.workers or opts.resources) and not self.eligible(workers)
+            )
+            if mismatch or time.monotonic() > deadline:
+                raise WorkerLostError(self._none_eligible(workers, mismatch), env_indices=[], worker="")
             time.sleep(0.2)
+
+    def _none_eligible(self, workers: Mapping[str, Any], at_once: bool) -> str:
+        """Why no worker can take envs: the placement options and the workers there are."""
+        opts = self.options
+        wanted = [
+            f"{k}={v!r}"
+            for k, v in (("workers", opts.workers and list(opts.workers)), ("resources", opts.resources))
+            if v
+        ]
+        what = f"workers matching {' '.join(wanted)}" if wanted else "workers"
+        there = ", ".join(
+            f"{info.get('name', addr)!s} ({addr}, resources {info.get('resources') or {}})"
+            for addr, info in sorted(workers.items())[:5]
+        )
+        there = (
+            f"the cluster has {len(workers)}: {there}{', ...' if len(workers) > 5 else ''}"
+            if workers
+            else "the cluster has none"
+        )
+        when = (
+            "the embedded cluster gets no other workers"
+            if at_once
+            else (f"none appeared within worker_wait_timeout={opts.worker_wait_timeout:.0f}s")
+        )
+        return f"no eligible {what}: {there}; {when}. Start such workers, or relax the placement options"
 
     def place(
         self,
@@ -165,15 +186,19 @@ class WorkerDirectory:
         """Choose live workers for ``env_groups``, avoiding ``avoid`` (workers that failed).
 
         Workers about to leave are avoided too when others exist. If only workers in
-        ``fallback`` (e.g. a worker that merely hung) are left, they are used. Among
-        the candidates, each group goes to the one holding the fewest envs (``load``).
+        ``fallback`` (a worker that merely hung, or whose env process died) are left,
+        they are used at once, without waiting for others to join. Among the
+        candidates, each group goes to the one holding the fewest envs (``load``).
         """
-        try:
-            candidates = self.wait_for_workers(exclude=sorted(avoid))
-        except WorkerLostError:
-            if not fallback:
-                raise
-            candidates = self.wait_for_workers(exclude=sorted(avoid - fallback))
+        workers = _cluster.scheduler_workers(self.client, self.options.timeout)
+        eligible = self.eligible(workers)
+        if fallback and not [w for w in eligible if w not in avoid]:
+            usable = [w for w in eligible if w in fallback]
+            if usable:
+                logger.info("no other worker can take envs %s: using %s again", env_groups, usable)
+        else:
+            usable = []
+        candidates = usable or self.wait_for_workers(exclude=sorted(avoid))
         now = time.time()
         candidates = [w for w in candidates if not self.leaving(w, now)] or candidates
         return self.assign(env_groups, candidates, load)

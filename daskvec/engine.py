@@ -24,6 +24,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -171,9 +172,9 @@ class Engine:
         _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
         self.pool: GroupPool | None = None
         try:
-            transport, encrypted = _cluster.choose_transport(self.client, options.transport)
+            transport, encrypted = _cluster.choose_transport(self.client, options.transport, options.timeout)
             self.options = replace(options, transport=transport, encrypted=encrypted)
-            self.directory = WorkerDirectory(self.client, self.options)
+            self.directory = WorkerDirectory(self.client, self.options, fixed=self.resolved.own_cluster)
             self.pool = GroupPool(
                 self.client, self.env_fns, self.options, self.directory, autoreset, always_pass_options, vector
             )
@@ -362,10 +363,17 @@ class Engine:
         assert self.pool is not None
         return self.pool.call(requests, self.options.timeout)
 
-    def _start(self, batch: _Batch) -> None:
-        """Send a reset or per-env call to its groups (once more, after losses); do not wait."""
+    def _start(self, batch: _Batch, answered: AbstractSet[int] = frozenset()) -> None:
+        """Send a reset or per-env call to its groups; do not wait.
+
+        Sent once more after losses, it goes only to groups holding envs not in ``answered``
+        (the rebuilt ones): the others already did it, and a call with side effects
+        (``env_method``) or a reset must not run twice on them.
+        """
         assert self.pool is not None
         requests = batch.build()
+        if answered:
+            requests = {g: r for g, r in requests.items() if not set(g.env_indices) <= answered}
         self._batch = batch
         self.pool.send(requests.__getitem__, list(requests))
 
@@ -389,7 +397,7 @@ class Engine:
         attempts: int,
         gave_up: Callable[[dict[Group, BaseException]], BaseException],
     ) -> None:
-        """Collect the pending reset or call; groups lost on the way are rebuilt and it is sent again.
+        """Collect the pending reset or call; groups lost on the way are rebuilt and it is sent to them again.
 
         ``take(group, reply)`` receives each answer. After ``attempts`` tries that each lost
         groups, ``gave_up(lost)`` is raised (the groups rebuilt); an env's exception is
@@ -398,11 +406,17 @@ class Engine:
         """
         assert self.pool is not None and self._batch is not None
         batch = self._batch
+        answered: set[int] = set()
+
+        def taking(group: Group, reply: Any) -> None:
+            take(group, reply)
+            answered.update(group.env_indices)
+
         try:
             for attempt in range(attempts):
                 if attempt:
-                    self._start(batch)
-                outcome = self.pool.collect(self.options.timeout, take, batch.kind)
+                    self._start(batch, answered)
+                outcome = self.pool.collect(self.options.timeout, taking, batch.kind)
                 if outcome.lost:
                     on_lost(outcome.lost, self.options.timeout)  # rebuilt, so that no group stays lost
                     if attempt == attempts - 1:
@@ -443,8 +457,9 @@ class Engine:
     def collect_reset(self, take: Callable[[Group, ResetReply], None], on_lost: LostHandler) -> None:
         """Collect the reset :meth:`send_reset` sent: ``take(group, reply)`` receives each group's reply.
 
-        A group lost on the way is handed to ``on_lost``; every group is then reset
-        again, so that the rebuilt ones start from the user's seeds and options too.
+        A group lost on the way is handed to ``on_lost``; the rebuilt groups are then
+        reset again, so that they start from the user's seeds and options too (the
+        others are not reset twice).
         """
 
         def take_reply(group: Group, reply: ResetReply) -> None:

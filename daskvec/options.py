@@ -34,10 +34,23 @@ ON_ENV_ERROR = ("raise", "restart")
 def _number(name: str, value: Any) -> float:
     """``value`` as a float, or a ``TypeError`` naming ``name`` if it is no number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        hint = f"; pass {name}={value.strip()}, not the string {value!r}" if isinstance(value, str) else ""
+        hint = ""
+        if isinstance(value, str) and not name.startswith("the Dask config"):  # config: see config.get
+            seconds = _duration(value)
+            hint = f"; pass {name}={seconds:g}, not the string {value!r}" if seconds is not None else ""
         kind = type(value).__name__
         raise TypeError(f"{name} must be a number of seconds (int or float), not {kind} {value!r}{hint}")
     return float(value)
+
+
+def _duration(text: str) -> float | None:
+    """Seconds in ``text`` ("30", "30s", "2 minutes"), or None if it says none."""
+    from dask.utils import parse_timedelta
+
+    try:
+        return float(parse_timedelta(text.strip()))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -247,7 +260,12 @@ def check_env_fns(env_fns: Any, name: str = "env_fns") -> list[Callable[[], Any]
         if not callable(fn):
             raise TypeError(
                 f"{name}[{i}] is a {type(fn).__name__}, not a callable; pass factories such as "
-                "`lambda: gym.make('CartPole-v1')`, not env instances"
+                "`lambda: gym.make('CartPole-v1')`"
+                + (
+                    " (or functools.partial(gym.make, ...)), not env ids"
+                    if isinstance(fn, str)
+                    else ", not env instances"
+                )
             )
         for captured in _captured_envs(fn):
             if id(captured) in owner and owner[id(captured)] != i:

@@ -61,6 +61,11 @@ class RestartHistory(Protocol):
     base_seeds: list[int | None]
 
 
+#: Workers this process warned about Dask's profiler (:meth:`GroupPool._warn_profiler`): once,
+#: not once per vec env on the same cluster.
+_PROFILER_WARNED: set[str] = set()
+
+
 class GroupPool:
     """The env groups of one vec env: create, connect, call, step and tear down.
 
@@ -104,7 +109,6 @@ class GroupPool:
         self.directory = directory
         self.transport = options.transport
         self.groups: list[Group] = []
-        self._profiler_warned: set[str] = set()
         # what is in flight, one record per group id: a request sent to every group of
         # a batch (a step, a rollout, collected together by collect()) or a step of a
         # group stepping on its own (a partial batch, handed out by collect_ready())
@@ -368,16 +372,16 @@ class GroupPool:
             return ActorChannel(actor)
 
     def _warn_profiler(self, desc: GroupDesc) -> None:
-        """Warn once per worker that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``).
+        """Warn once per worker and process that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``).
 
         The warning ends with the one line that turns the profiler off where these
         workers get their config: before a ``LocalCluster`` of this process is created,
         or in the environment of ``dask worker``.
         """
         worker = desc.worker
-        if not desc.profiler_hazard or worker in self._profiler_warned:
+        if not desc.profiler_hazard or worker in _PROFILER_WARNED:
             return
-        self._profiler_warned.add(worker)
+        _PROFILER_WARNED.add(worker)
         from distributed import LocalCluster
 
         if isinstance(getattr(self.client, "cluster", None), LocalCluster):

@@ -398,7 +398,7 @@ class Recovery:
         for g, exc in lost.items():
             if reasons[g] == "timeout" and not self.options.env_process:
                 # the step is still running in that worker (a hung env holds a thread there)
-                self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.0f}s")
+                self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.3g}s")
             what = "timed out" if reasons[g] == "timeout" else "were lost"
             # the message, not the exception: a handler that keeps records (a notebook's, pytest's) would
             # keep its traceback's frames, and the replies and shared windows they hold
@@ -421,13 +421,13 @@ class Recovery:
         reason_of = {i: reasons[g] for g in old for i in g.env_indices}
         worker_of = {i: g.worker for g in old for i in g.env_indices}
         lost_workers = {g.worker for g in old if reasons[g] != "moved"}
-        timed_out = {g.worker for g in old if reasons[g] == "timeout"}
         self.pool.teardown(old, graceful=all(reasons[g] == "moved" for g in old))
         if layout is not None and sorted(i for ind, _ in layout for i in ind) != sorted(reason_of):
             raise RuntimeError(f"daskvec internal error: relocating envs {sorted(reason_of)} with layout {layout}")
         if layout is None:
             env_groups = [list(g.env_indices) for g in old]
-            layout = self.directory.place(env_groups, self.pool.load(), lost_workers, lost_workers - timed_out)
+            # a worker that hung, or whose env process died, may be the only one left: then it is used again
+            layout = self.directory.place(env_groups, self.pool.load(), lost_workers, lost_workers)
         seeds = self.ledger.next_seeds(sorted(reason_of))
         rebuilds: list[Rebuild] = []
         bad = set(lost_workers)

@@ -305,7 +305,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
         self._masks = ActionMaskCache(engine.n_envs)
         self._sink = _Sink(self._buffers, self._masks)
-        self._state = State.IDLE
+        self._state, self._interrupted = State.IDLE, False  # _interrupted: a step_wait() cut short by Ctrl-C
         super().__init__(engine.n_envs, engine.observation_space, engine.action_space)  # asks the envs for render_mode
         self.reset_infos = self._buffers.reset_infos
         logger.info("DaskVecEnv: %s", engine.summary())
@@ -342,7 +342,8 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         if state is State.BROKEN:
             self._engine.check()
         if state is State.STEPPING:
-            raise AlreadySteppingError("a step is pending: call step_wait() before any other call")
+            was = "the last step was interrupted (reset() drops it)" if self._interrupted else "a step is pending"
+            raise AlreadySteppingError(f"{was}: call step_wait() before any other call")
         raise NoAsyncCallError("step_wait() called without a pending step_async()")
 
     @property
@@ -351,7 +352,10 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
 
     # ------------------------------------------------------------------ reset / step
     def reset(self) -> VecEnvObs:
-        """Reset all environments, applying pending seeds and options once (see base class)."""
+        """Reset all environments, applying pending seeds and options once (see base class); a step
+        whose ``step_wait()`` was interrupted (Ctrl-C, say in a notebook's ``learn()``) is collected and dropped."""
+        if self._state is State.STEPPING and self._interrupted:
+            self.step_wait()
         self._enter(State.IDLE)
         engine = self._engine
         if engine.recovery.moves_planned:
@@ -385,7 +389,8 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         try:
             outcome = engine.collect_step(self._sink)
         finally:
-            if not engine.stepping:  # collected; an interrupted wait stays pending
+            self._interrupted = engine.stepping  # an interrupted wait stays pending
+            if not self._interrupted:
                 self._state = State.IDLE
         self._buffers.apply_deferred()
         engine.finish(outcome, self._sink)

@@ -215,7 +215,8 @@ def test_train_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_path:
     text = out_file.read_text()
     assert proc.returncode == 0, text + proc.stderr
     progress = re.findall(
-        r"^progress: (\d+)/3000 env steps \((\d+)%\), (\d+) env-steps/s overall, "
+        # PPO collects whole rollouts of 64 x 2 steps: 24 of them, 3072 steps, for the 3000 asked
+        r"^progress: (\d+)/3072 env steps \((\d+)%\), (\d+) env-steps/s overall, "
         r"(\d+) env-steps/s stepping the envs, ETA (\d+) s$",
         text,
         re.M,
@@ -223,10 +224,11 @@ def test_train_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_path:
     assert progress, text
     done = [int(p[0]) for p in progress]
     assert done == sorted(done) and all(0 < d <= 3072 for d in done), text
+    assert all(int(p[1]) <= 100 for p in progress), text
     assert all(int(p[3]) > 0 for p in progress), text
     assert "━" not in text and "it/s" not in text, text  # no progress bar in a file
     assert re.search(
-        r"^trained PPO for \d+ env steps in [\d.]+ s: \d+ env-steps/s overall; stepping the envs: "
+        r"^trained PPO for 3072 env steps in [\d.]+ s: \d+ env-steps/s overall; stepping the envs: "
         r"\d+ env-steps/s \(\d+% of the run\)$",
         text,
         re.M,
@@ -300,3 +302,17 @@ def test_bench_subcommand_is_wired() -> None:
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["bench", "--help"])
     assert exc.value.code == 0
+
+
+def test_a_model_that_cannot_be_made_fails_cleanly(
+    cluster2: Any, capsys: pytest.CaptureFixture[str], restore_daskvec_logger: Any
+) -> None:
+    """A typo in --hyperparams, or an algorithm that does not fit the env: one line, exit code 1, no traceback."""
+    common = ["--scheduler", cluster2.scheduler_address, "--n-envs", "2", "--no-progress", "--eval-episodes", "0"]
+    assert cli.main(["train", "CartPole-v1", *common, "--hyperparams", "n_step=64"]) == 1
+    err = capsys.readouterr().err
+    assert "daskvec train: cannot create PPO for CartPole-v1 (--hyperparams: n_step=64): TypeError: " in err
+    assert "Traceback" not in err
+    assert cli.main(["train", "CartPole-v1", *common, "--algo", "sac"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot create SAC for CartPole-v1 (--hyperparams: none): AssertionError: " in err and "Traceback" not in err

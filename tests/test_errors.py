@@ -115,10 +115,14 @@ def test_out_of_range_indices(dclient: Any) -> None:
 def test_empty_and_non_callable_env_fns(dclient: Any) -> None:
     with pytest.raises(ValueError, match="empty"):
         DaskVecEnv([], client=dclient)
-    with pytest.raises(TypeError, match=r"env_fns\[1\].*not a callable"):
+    with pytest.raises(TypeError, match=r"env_fns\[1\].*not a callable.*, not env instances$"):
         DaskVecEnv([CountingEnv, CountingEnv()], client=dclient)
+    with pytest.raises(TypeError, match=r"env_fns\[0\] is a str, not a callable.*functools.partial.*not env ids$"):
+        DaskVecEnv(["CartPole-v1"], client=dclient)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="single callable"):
         DaskVecEnv(CountingEnv, client=dclient)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"cluster_kwargs configures the embedded LocalCluster.*client=Client"):
+        DaskVecEnv([CountingEnv], client=dclient, cluster_kwargs={"n_workers": 5})
     with pytest.raises(TypeError):
         DaskVecEnv("CartPole-v1", client=dclient)  # type: ignore[arg-type]
 
@@ -290,6 +294,32 @@ def test_interrupted_step_wait_stays_pending(dclient: Any) -> None:
         obs, _, _, _ = venv.step_wait()
         assert obs[:, 0].tolist() == [1, 1, 1, 1]
         obs, _, _, _ = venv.step(np.zeros(4, dtype=np.int64))
+        assert obs[:, 0].tolist() == [2, 2, 2, 2]
+    finally:
+        venv.close()
+
+
+def test_reset_drops_a_step_whose_wait_was_interrupted(dclient: Any) -> None:
+    """learn() again after a Ctrl-C in a notebook: reset() collects the interrupted step and drops it;
+    a step sent and never waited for still refuses a reset."""
+    venv = DaskVecEnv(counting(4), client=dclient, transport="direct", envs_per_actor=2, step_timeout=20)
+    try:
+        venv.reset()
+        interrupt_once(venv._groups[1].channel)
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(KeyboardInterrupt):
+            venv.step_wait()
+        with pytest.raises(AlreadySteppingError, match=r"the last step was interrupted \(reset\(\) drops it\)"):
+            venv.get_attr("total_steps")
+        obs = venv.reset()
+        assert not venv.waiting and obs[:, 0].tolist() == [0, 0, 0, 0]
+        assert venv.get_attr("total_steps") == [1, 1, 1, 1]  # the interrupted step was stepped, then dropped
+        obs, _, _, _ = venv.step(np.zeros(4, dtype=np.int64))
+        assert obs[:, 0].tolist() == [1, 1, 1, 1]
+        venv.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(AlreadySteppingError, match=r"^a step is pending: call step_wait\(\)"):
+            venv.reset()
+        obs, _, _, _ = venv.step_wait()
         assert obs[:, 0].tolist() == [2, 2, 2, 2]
     finally:
         venv.close()
@@ -588,3 +618,86 @@ def test_a_build_that_returns_after_its_timeout_closes_what_it_made(vector: bool
     for env in envs if isinstance(envs, list) else [envs]:
         env.close()
     assert sorted(closed) == [0, 0, 1, 1]
+
+
+@pytest.mark.timeout(120)  # the 300 s worker_wait_timeout is not waited out
+def test_a_placement_no_embedded_worker_matches_fails_at_once_naming_the_workers() -> None:
+    with pytest.raises(WorkerLostError) as info:
+        DaskVecEnv(counting(2), workers=["nosuchworker"], worker_wait_timeout=300, cluster_kwargs={"n_workers": 1})
+    message = str(info.value)
+    assert (
+        "no eligible workers matching workers=['nosuchworker']:" in message and "resources" not in message.split(":")[0]
+    )
+    assert "the cluster has 1: " in message and "the embedded cluster gets no other workers" in message
+
+
+@pytest.mark.timeout(120)
+def test_a_placement_no_worker_matches_waits_for_one_on_a_users_cluster(dclient: Any) -> None:
+    """A user's cluster may still get such workers (an adaptive or jobqueue one): wait, then say what is there."""
+    with pytest.raises(WorkerLostError) as info:
+        DaskVecEnv(counting(2), client=dclient, resources={"GPU": 1}, worker_wait_timeout=1)
+    message = str(info.value)
+    assert "no eligible workers matching resources={'GPU': 1}: the cluster has " in message
+    assert "workers=" not in message and "none appeared within worker_wait_timeout=1s" in message
+
+
+class LockEnv(CountingEnv):
+    """An env with an attribute that does not pickle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_value_that_cannot_travel_back_names_its_worker(dclient: Any, transport: str) -> None:
+    """``get_attr`` of something that does not pickle: an error naming the group's worker (not the channel)."""
+    from daskvec.errors import RemoteEnvError
+
+    venv = DaskVecEnv([LockEnv] * 2, client=dclient, transport=transport, envs_per_actor=2)
+    try:
+        with pytest.raises(RemoteEnvError, match="cannot") as info:
+            venv.get_attr("lock", indices=[0])
+        assert info.value.worker == venv.groups[0]["worker"]
+    finally:
+        venv.close()
+
+
+class SleepOnceEnv(CountingEnv):
+    """Sleeps ``delay`` seconds in its 3rd step, once per worker process (a hang the step timeout ends)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(horizon=1000)
+        self.delay = delay
+
+    def step(self, action: int) -> Any:
+        if self.t == 2 and not os.environ.get("DASKVEC_TEST_SLEPT"):
+            os.environ["DASKVEC_TEST_SLEPT"] = "1"
+            time.sleep(self.delay)
+        return super().step(action)
+
+
+@pytest.mark.timeout(120)  # without the fallback: WorkerLostError after worker_wait_timeout
+def test_a_worker_that_timed_out_takes_its_envs_back_when_it_is_the_only_one() -> None:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40) as lc,
+        Client(lc, set_as_default=False) as client,
+    ):
+        (worker,) = client.scheduler_info()["workers"]
+        fns = [functools.partial(SleepOnceEnv, 3.0)] * 2
+        venv = DaskVecEnv(fns, client=client, step_timeout=1.0, worker_wait_timeout=30)
+        try:
+            venv.reset()
+            actions = np.zeros(2, dtype=np.int64)
+            venv.step(actions)
+            venv.step(actions)
+            obs, _, dones, infos = venv.step(actions)  # the 3rd step hangs past step_timeout
+            assert dones.tolist() == [True, True]
+            assert [info[INFO_KEY]["reason"] for info in infos] == ["timeout", "timeout"]
+            assert [g["worker"] for g in venv.groups] == [worker]  # the same worker, the only one
+            obs, _, dones, _ = venv.step(actions)
+            assert obs[:, 0].tolist() == [1, 1] and not dones.any()
+        finally:
+            venv.close()

@@ -956,3 +956,57 @@ def test_close_leaves_nothing_on_the_workers(dask_processes: Any, tmp_path: Path
             assert all(during[w]["threads"] != baseline[w]["threads"] for w in baseline)  # the probe sees them
         wait_for_footprint(client, probe, baseline, "after close()")
         assert open_envs(envs_dir) == {}, "envs left open after close()"
+
+
+class BumpEnv(CountingEnv):
+    """``bump()`` counts its calls (a method with a side effect); env 4's ``bump`` and ``reset`` are slow."""
+
+    def __init__(self, slow: bool = False) -> None:
+        super().__init__(horizon=1000)
+        self.bumps, self.resets, self.slow = 0, 0, slow
+
+    def bump(self) -> int:
+        self.bumps += 1
+        if self.slow:
+            time.sleep(3)
+        return self.bumps
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self.resets += 1
+        if self.slow:
+            time.sleep(3)
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_lost_during_a_call_or_a_reset_leaves_the_other_envs_done_once(dask_processes: Any) -> None:
+    """The call (or reset) goes again only to the rebuilt envs: a method with side effects runs once on
+    every env, each env is reset once, and the rebuilt envs' reset infos keep their marker."""
+    import signal
+    import threading
+
+    procs = dask_processes(4)  # 3 groups, and an idle worker for envs 4 and 5 to be rebuilt on alone
+    fns = [functools.partial(BumpEnv, slow=(i == 4)) for i in range(6)]
+    env = DaskVecEnv(fns, client=procs.address, envs_per_actor=2, timeout=60)
+    try:
+        env.reset()
+        (victim,) = [g for g in env.groups if 4 in g["envs"]]
+        threading.Timer(1.0, os.kill, (victim["pid"], signal.SIGKILL)).start()
+        assert env.env_method("bump") == [1] * 6  # env 4 and 5: rebuilt, then bumped once
+        assert env.get_attr("bumps") == [1] * 6
+        assert env.restart_counts.tolist() == [0, 0, 0, 0, 1, 1]
+
+        (victim,) = [g for g in env.groups if 4 in g["envs"]]
+        rebuilt = sorted(i for g in env.groups if g["worker"] == victim["worker"] for i in g["envs"])
+        assert rebuilt == [4, 5]
+        before = env.get_attr("resets")
+        threading.Timer(1.0, os.kill, (victim["pid"], signal.SIGKILL)).start()
+        env.seed(42)
+        env.reset()
+        after = env.get_attr("resets")
+        for i in range(6):  # a rebuilt env: its restart reset, then the user's seeded one
+            assert after[i] == (2 if i in rebuilt else before[i] + 1), (i, before, after, rebuilt)
+        assert sorted(i for i, info in enumerate(env.reset_infos) if INFO_KEY in info) == rebuilt
+        assert [s[-1] for s in env.get_attr("reset_seeds")] == [42 + i for i in range(6)]
+    finally:
+        env.close()

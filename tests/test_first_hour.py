@@ -452,7 +452,8 @@ def test_a_closed_dashboard_tab_prints_nothing_from_the_embedded_cluster(tmp_pat
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="Dask's profiler is a hazard on Python 3.11 only")
 @pytest.mark.timeout(300)
 def test_the_profiler_warning_names_the_line_that_silences_it(tmp_path: Path) -> None:
-    """A user's own LocalCluster with Dask's defaults: the warning's line, added to the script, silences it."""
+    """A user's own LocalCluster with Dask's defaults: one warning for two vec envs, and its line, added to the
+    script, silences it."""
     source = """\
         import gymnasium as gym
         from distributed import Client, LocalCluster
@@ -464,6 +465,8 @@ def test_the_profiler_warning_names_the_line_that_silences_it(tmp_path: Path) ->
             cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0")
             client = Client(cluster)
             env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2, client=client)
+            env.close()
+            env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2, client=client)  # warned once per process
             env.close()
             client.close()
             cluster.close()

@@ -439,3 +439,22 @@ def assert_close_bounded(env: DaskVecEnv) -> float:
     seconds = time.monotonic() - start
     assert seconds < CALL_BOUND, f"close() took {seconds:.1f}s with the scheduler frozen"
     return seconds
+
+
+@pytest.mark.timeout(240)
+def test_a_vec_env_made_while_the_scheduler_is_frozen_raises_within_its_timeout(dask_processes: Any) -> None:
+    """Construction asks the scheduler with the vec env's ``timeout``: it raises the typed error, where it
+    waited Dask's 30 s (and, the scheduler back meanwhile, went on as if nothing had happened)."""
+    from distributed import Client
+
+    procs = dask_processes(1)
+    with Client(procs.address, set_as_default=False, timeout=60) as client:
+        client.wait_for_workers(1, timeout=60)
+        with frozen_scheduler(procs, resume_after=15):  # longer than the timeout, shorter than Dask's 30 s
+            got, err, seconds = timed(lambda: DaskVecEnv(witness_fns(), client, timeout=4, worker_wait_timeout=4))
+        if got is not None:
+            got.close()
+        assert isinstance(err, SchedulerLostError), (
+            f"wanted SchedulerLostError after {seconds:.1f}s, got {got or err!r}"
+        )
+        assert procs.address in str(err)

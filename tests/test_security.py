@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 
 from daskvec import DaskVecEnv, _dask
@@ -176,8 +178,17 @@ def test_no_transport_choice_is_plaintext_on_a_secured_cluster_unasked(
     [
         ({"timeout": "5"}, TypeError, r"timeout must be a number of seconds .* pass timeout=5, not the string '5'"),
         ({"step_timeout": [1]}, TypeError, r"step_timeout must be a number of seconds \(int or float\), not list"),
-        ({"migrate_before": "2m"}, TypeError, r"migrate_before must be a number of seconds"),
-        ({"worker_wait_timeout": "soon"}, TypeError, r"worker_wait_timeout must be a number of seconds"),
+        (
+            {"migrate_before": "2m"},
+            TypeError,
+            r"migrate_before must be a number of seconds.* pass migrate_before=120, ",
+        ),
+        ({"timeout": " 30s"}, TypeError, r"pass timeout=30, not the string ' 30s'$"),
+        (
+            {"worker_wait_timeout": "soon"},
+            TypeError,
+            r"worker_wait_timeout must be a number of seconds \(int or float\), not str 'soon'$",
+        ),
         ({"rebalance_interval": True}, TypeError, r"rebalance_interval must be a number of seconds"),
         ({"timeout": -1}, ValueError, r"timeout must be a positive number of seconds"),
         ({"transport": "tls"}, ValueError, r"transport must be one of .*direct-insecure"),
@@ -246,6 +257,31 @@ def test_a_hanging_factory_is_a_build_timeout_and_frees_the_cluster(
         env.reset()
         _, rewards, _, _ = env.step(np.zeros(2, dtype=np.int64))
         assert rewards.tolist() == [1.0, 1.0]
+
+
+def _start_child_then_hang(pid_file: str, release: str) -> gym.Env[Any, Any]:
+    """A factory that starts a process of its own (as an AsyncVectorEnv does), then hangs."""
+    child = subprocess.Popen(["sleep", "300"])
+    Path(pid_file).write_text(str(child.pid))
+    return _wait_for_file(release)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_killing_an_env_process_kills_what_its_envs_started(client2: Any, release: str, tmp_path: Path) -> None:
+    """The env process leads a process group of its own: a hung build's kill takes its envs' children along."""
+    pid_file = tmp_path / "child.pid"
+    hang = functools.partial(_start_child_then_hang, str(pid_file), release)
+    with pytest.raises(EnvBuildTimeoutError, match="env process was killed"):
+        DaskVecEnv([hang], client=client2, timeout=3, worker_wait_timeout=5, env_process=True)
+    child = int(pid_file.read_text())
+    assert _wait_until(lambda: not _running(child), 20), f"process {child}, started by an env, outlived its group"
 
 
 def _wait_until(cond: Any, timeout: float) -> bool:

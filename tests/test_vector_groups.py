@@ -134,6 +134,24 @@ def test_a_vector_env_that_cannot_reset_in_the_same_step_is_refused(client2: Any
         DaskVecEnv.from_vector_envs([functools.partial(SpaceEnv, "box")], client2)
     with pytest.raises(TypeError, match="vector_env_fns must be a list"):
         DaskVecEnv.from_vector_envs(vfns[0], client2)  # type: ignore[arg-type]
+    # and the other way round: a vector env where one env is due points at from_vector_envs
+    same_step = vector_fns(space_fns("box", 2), [2], AutoresetMode.SAME_STEP)
+    for face in (DaskVecEnv, DaskVectorEnv):
+        with pytest.raises(TypeError, match=r"'SyncVectorEnv', a vectorized env of 2 envs.*from_vector_envs"):
+            face(same_step * 2, client2)
+
+
+def _async_vector_env() -> Any:
+    return gym.vector.AsyncVectorEnv([functools.partial(SpaceEnv, "box")] * 2)
+
+
+@pytest.mark.timeout(120)
+def test_an_async_vector_env_in_a_worker_says_what_to_use_instead(client2: Any) -> None:
+    """A Dask worker is a daemonic process: an AsyncVectorEnv cannot start its processes there."""
+    with pytest.raises(AssertionError, match="daemonic") as info:
+        DaskVecEnv.from_vector_envs([_async_vector_env], client2, timeout=60)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "use a SyncVectorEnv" in notes and "env_process=True" in notes, notes
 
 
 @pytest.mark.timeout(120)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from daskvec.protocol import StepReply
 from daskvec.transport.channels import ActorChannel, Channel, DirectChannel, iter_replies, recv_many, wait_ready
-from daskvec.transport.codec import OUT_OF_BAND_MIN_BYTES, decode, encode, pack, unpack
+from daskvec.transport.codec import OUT_OF_BAND_MIN_BYTES, decode, encode, pack, pack_reply, unpack
 from daskvec.transport.server import ChannelServer, check_busy_poll
 from daskvec.transport.wire import ChannelError, ProtocolError, machine_id
 
@@ -55,6 +55,7 @@ __all__ = [
     "iter_replies",
     "machine_id",
     "pack",
+    "pack_reply",
     "recv_many",
     "unpack",
     "wait_ready",

@@ -11,6 +11,7 @@ import io
 import logging
 import pickle
 import struct
+import traceback
 from collections import ChainMap
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
@@ -18,13 +19,13 @@ from typing import Any, TypeVar, cast
 import cloudpickle
 import numpy as np
 
-from daskvec.protocol import EMPTY, StepReply
+from daskvec.protocol import EMPTY, RemoteError, StepReply
 from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter
 from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OUT_OF_BAND_MIN_BYTES", "decode", "encode", "pack", "unpack"]
+__all__ = ["OUT_OF_BAND_MIN_BYTES", "decode", "encode", "pack", "pack_reply", "unpack", "unsendable"]
 
 # --------------------------------------------------------------------------- encoding
 #: Arrays at least this large travel as separate out-of-band frames (never copied
@@ -514,6 +515,32 @@ def decode(frames: Sequence[bytes | bytearray | memoryview], window: WindowReade
     if tag == _STEP_REQUEST or tag in _REPLY_TAGS:
         return _decode_step(frames, window)
     raise ProtocolError(f"malformed message (payload starts with byte {tag})")
+
+
+def unsendable(reply: Any, exc: Exception, worker: str) -> RemoteError:
+    """The error sent back instead of a ``reply`` that :func:`encode` refused with ``exc`` (say, it does not pickle).
+
+    Call it in the ``except`` block, for the traceback.
+    """
+    return RemoteError(
+        type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message=f"the reply ({type(reply).__name__}) cannot be sent to the client: {exc}",
+        traceback=traceback.format_exc(),
+        env_index=None,
+        worker=worker,
+    )
+
+
+def pack_reply(reply: Any, worker: str) -> bytes:
+    """:func:`pack` of a reply, or of the :func:`unsendable` error if it cannot be encoded.
+
+    An actor call that raised would read as a lost worker on the client; a value that
+    does not pickle is the caller's problem, reported as the direct channel reports it.
+    """
+    try:
+        return pack(reply)
+    except Exception as e:
+        return pack(unsendable(reply, e, worker))
 
 
 def pack(obj: Any) -> bytes:

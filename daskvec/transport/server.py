@@ -19,9 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from daskvec.protocol import RemoteError
 from daskvec.transport import window
-from daskvec.transport.codec import decode, encode
+from daskvec.transport.codec import decode, encode, unsendable
 from daskvec.transport.wire import (
     DIGEST_BYTES,
     HANDSHAKE_TIMEOUT,
@@ -160,6 +159,9 @@ class ChannelServer:
         Connections that may wait for their handshake at once.
     handshake_timeout : float, optional
         Seconds a connection has, in all, to complete its handshake.
+    worker : str, optional
+        The worker's address, named by the error sent back for a reply that cannot be
+        encoded (default: ``name``).
 
     Attributes
     ----------
@@ -193,6 +195,7 @@ class ChannelServer:
         shared_memory: bool = False,
         max_pending: int = MAX_PENDING,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        worker: str = "",
     ) -> None:
         budget = check_busy_poll(busy_poll)
         # polling needs non-blocking peeks and sched_yield (POSIX); elsewhere it is off
@@ -201,6 +204,7 @@ class ChannelServer:
         self._handler = handler
         self._shared_memory = bool(shared_memory) and window.supported()
         self._name = name
+        self._worker = worker or name
         self._ssl = ssl_context
         self.tls = ssl_context is not None
         self._max_pending = max(int(max_pending), 1)
@@ -446,15 +450,7 @@ class ChannelServer:
         try:
             return encode(reply, shared)
         except Exception as e:
-            return encode(
-                RemoteError(
-                    type=f"{type(e).__module__}.{type(e).__qualname__}",
-                    message=f"the reply ({type(reply).__name__}) cannot be sent to the client: {e}",
-                    traceback=traceback.format_exc(),
-                    env_index=None,
-                    worker=self._name,
-                )
-            )
+            return encode(unsendable(reply, e, self._worker))
 
     def close(self) -> None:
         """Stop listening and drop every connection (idempotent)."""

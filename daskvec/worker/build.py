@@ -130,6 +130,7 @@ def build_vector(
     except Exception as e:
         of = f"of envs {list(env_indices)}" if env_indices else "(its first build)"
         e.add_note(f"daskvec: raised by the vector env factory {factory_name(factory)} {of} on {where}")
+        _note_daemonic(e)
         raise
     try:
         built = VectorEnvs(vec, autoreset)
@@ -180,14 +181,41 @@ def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any
         env = factory()
     except Exception as e:
         e.add_note(f"daskvec: raised by the factory of env {index} on worker {where}")
+        _note_daemonic(e)
         raise
     if not (hasattr(env, "step") and hasattr(env, "reset")):
         raise TypeError(
             f"the factory of env {index} returned {type(env).__name__!r}, not a gymnasium.Env; "
             "env_fns must be callables that create an environment"
         )
+    if _is_vectorized(env):
+        with contextlib.suppress(Exception):
+            env.close()
+        raise TypeError(
+            f"the factory of env {index} returned {type(env).__name__!r}, a vectorized env of "
+            f"{env.num_envs} envs, where one env is due; give such factories to "
+            "DaskVecEnv.from_vector_envs(...) (or DaskVectorEnv.from_vector_envs), which steps each one as a group"
+        )
     env_: gym.Env[Any, Any] = env
     return env_
+
+
+def _note_daemonic(e: BaseException) -> None:
+    """Say what to do when a factory started a process inside a Dask worker, which cannot have children."""
+    if "daemonic processes are not allowed to have children" in str(e):
+        e.add_note(
+            "daskvec: a Dask worker runs as a daemonic process, which cannot start processes (an AsyncVectorEnv "
+            "does): use a SyncVectorEnv (daskvec's groups already step in parallel), or env_process=True (each "
+            "group in a process of its own), or workers started with the Dask config distributed.worker.daemon: "
+            "false"
+        )
+
+
+def _is_vectorized(env: Any) -> bool:
+    """Whether ``env`` is a vectorized env (a Gymnasium ``VectorEnv``, an EnvPool) rather than one env."""
+    if isinstance(env, gym.vector.VectorEnv):
+        return True
+    return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
 
 
 def close_envs(envs: Sequence[Any], where: str) -> None:

@@ -42,7 +42,7 @@ from daskvec.protocol import (
     restart_seed,
 )
 from daskvec.rollout_protocol import RolloutReply, RolloutRequest
-from daskvec.transport import ChannelError, ChannelServer, machine_id, pack, unpack
+from daskvec.transport import ChannelError, ChannelServer, machine_id, pack_reply, unpack
 from daskvec.transport.server import LOG_INTERVAL
 from daskvec.transport.wire import RateLimitedLog
 from daskvec.worker import probes
@@ -183,16 +183,10 @@ class EnvGroup:
         if isinstance(unix_dir, probes.WorkerDirectory):
             unix_dir = None if tls else probes.unix_dir(self._worker)
         # the server's threads must not keep the group alive: see the release in __init__
-        return ChannelServer(
-            listen_host or probes.listen_host(self._worker),
-            token,
-            _weak_dispatch(weakref.ref(self)),
-            name="daskvec-group",
-            unix_dir=unix_dir,
-            busy_poll=self.busy_poll or 0.0,
-            ssl_context=ssl_context,
-            shared_memory=self.shared_memory,
-        )
+        return ChannelServer(listen_host or probes.listen_host(self._worker), token, _weak_dispatch(weakref.ref(self)),
+                             name="daskvec-group", unix_dir=unix_dir, busy_poll=self.busy_poll or 0.0,
+                             ssl_context=ssl_context, shared_memory=self.shared_memory,
+                             worker=self.worker_address)  # fmt: skip
 
     def _command_table(self) -> dict[str, Callable[..., Any]]:
         """The method that answers each :class:`~daskvec.protocol.Command` (:meth:`dispatch`)."""
@@ -276,8 +270,8 @@ class EnvGroup:
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, data: bytes) -> bytes:
-        """Entry point of the Dask-actor transport: encoded request in, encoded reply out."""
-        return pack(self.dispatch(unpack(data)))
+        """Entry point of the Dask-actor transport: encoded request in, encoded reply (or why it cannot be sent) out."""
+        return pack_reply(self.dispatch(unpack(data)), self.worker_address)
 
     def dispatch(self, request: Any) -> Any:
         """Run one ``(command, args)`` request; return its value or a :class:`RemoteError`."""

@@ -221,8 +221,10 @@ def _start_env_process(
     code = f"import sys; sys.path.insert(0, {package_root!r}); from daskvec.worker.host import host_main; host_main()"
     read_fd, write_fd = os.pipe()
     try:
+        # a process group of its own: killing it kills what its envs started too (an
+        # AsyncVectorEnv's workers), and a terminal's Ctrl-C reaches the client, not the envs
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(write_fd)], stdin=subprocess.PIPE, pass_fds=(write_fd,)
+            [sys.executable, "-c", code, str(write_fd)], stdin=subprocess.PIPE, pass_fds=(write_fd,), process_group=0
         )
     finally:
         os.close(write_fd)
@@ -278,17 +280,30 @@ def _read_message(fd: int, timeout: float) -> bytes | None:
 
 
 def _stop_env_process(proc: subprocess.Popen[bytes]) -> None:
-    """Ask the env process to stop (its stdin closes), then kill it if it does not."""
+    """Ask the env process to stop (its stdin closes), kill it if it does not, and kill what its envs started.
+
+    The process is not reaped before its group is killed, so that the group id is still
+    its own (an exited, unreaped process keeps its pid).
+    """
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
-    try:
-        proc.wait(timeout=_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while _running(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if _running(proc.pid):
         logger.warning("env process %d did not stop within %.0fs; killing it", proc.pid, _STOP_GRACE_S)
-        proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_STOP_GRACE_S)
+    _kill_group(proc.pid)  # it, if still running, and any process its envs started (an AsyncVectorEnv's)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_STOP_GRACE_S)
+
+
+def _running(pid: int) -> bool:
+    """Whether the child ``pid`` has not exited yet (an exited one is left unreaped)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:  # reaped already
+        return False
 
 
 def kill_env_process(pid: int) -> bool:
@@ -304,9 +319,21 @@ def kill_env_process(pid: int) -> bool:
             return False
     except psutil.Error:
         return False
-    os.kill(int(pid), signal.SIGKILL)
+    _kill_group(int(pid))
     logger.warning("killed env process %d, which the client dropped (a step or a build hung)", pid)
     return True
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the env process ``pid`` and every process in its group (what its envs started)."""
+    try:
+        if os.getpgid(pid) == pid:  # it leads its own group (see _start_env_process)
+            os.killpg(pid, signal.SIGKILL)
+            return
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def host_main() -> None:
