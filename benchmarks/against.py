@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import re
 import statistics
@@ -28,11 +27,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks._timing import rate, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -78,18 +78,6 @@ def load_base(name: str, where: Path) -> Any:
     return importlib.import_module(name).DaskVecEnv
 
 
-def rate(venv: Any, actions: np.ndarray, seconds: float) -> float:
-    """Env-steps per second over a window of ``seconds``."""
-    n = actions.shape[1]
-    for k in range(20):
-        venv.step(actions[k % len(actions)])
-    t0, k = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        venv.step(actions[k % len(actions)])
-        k += 1
-    return k * n / (time.perf_counter() - t0)
-
-
 def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> dict[str, Any]:
     """Alternate this checkout's DaskVecEnv and ``base``'s for ``rounds`` rounds; the rates and ratios."""
     from daskvec import DaskVecEnv
@@ -111,7 +99,7 @@ def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> d
             for r in range(rounds):
                 got = {}
                 for which in ("base", "head") if r % 2 == 0 else ("head", "base"):
-                    got[which] = rate(venvs[which], actions, seconds)
+                    got[which] = rate(venvs[which], actions, seconds, warmup=20)
                 rows.append({"round": r, **got, "ratio": got["head"] / got["base"]})
                 logger.info("%s-%d round %d: base %.0f, head %.0f env-steps/s, ratio %.3f",
                             scenario, n_envs, r, got["base"], got["head"], rows[-1]["ratio"])  # fmt: skip
@@ -147,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [run(args.base, s, args.envs, args.rounds, args.seconds) for s in args.scenario]
     for result in results:
         logger.info("%s-%d: median ratio head/base %.3f", result["scenario"], result["n_envs"], result["median_ratio"])
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
+    write_json(results, args.out)
     return 0
 
 

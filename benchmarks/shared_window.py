@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 import statistics
-import time
 from typing import Any
 
 import numpy as np
+
+from benchmarks._timing import rate, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -52,18 +52,6 @@ def build(workload: str) -> tuple[Any, Any, int]:
 
     raw = DaskVecEnv([functools.partial(make_atari, "PongNoFrameskip-v4")] * 16)
     return VecFrameStack(raw, 4), raw, 16
-
-
-def rate(venv: Any, actions: np.ndarray, seconds: float) -> float:
-    """Env-steps per second over a window of ``seconds``."""
-    n = actions.shape[1]
-    for k in range(10):
-        venv.step(actions[k % len(actions)])
-    t0, k = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        venv.step(actions[k % len(actions)])
-        k += 1
-    return k * n / (time.perf_counter() - t0)
 
 
 def run(workload: str, rounds: int, seconds: float, threshold: int) -> dict[str, Any]:
@@ -110,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = run(args.workload, args.rounds, args.seconds, args.threshold or WINDOW_MIN_BYTES)
     logger.info("median ratio on/off: %.3f", result["median_ratio"])
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    write_json(result, args.out)
     return 0
 
 
