@@ -375,10 +375,35 @@ def test_http_every_route_and_metric(cluster: Any, stepped: Stepped) -> None:
         assert samples[f'dask_daskvec_envs{{worker="{w}"}}'] == k
         assert samples[f'dask_daskvec_env_steps_total{{worker="{w}"}}'] == k * stepped.n
         assert samples[f'dask_daskvec_env_errors_total{{worker="{w}"}}'] == 0
-    # the scheduler's count of group actors: seen once at 3 in a loaded CI run, right after the
-    # collector test above saw 2 (cause not found); it must settle on the env's 2
-    groups = lambda: prometheus_samples(http_get(port, "/metrics")[1])["dask_daskvec_env_groups"]  # noqa: E731
-    wait_until(lambda: groups() == 2, 30, f"dask_daskvec_env_groups at 2 (it is {groups()})")
+    assert samples["dask_daskvec_env_groups"] == 2
+    assert samples["dask_daskvec_vec_envs"] == 1
+
+
+def test_each_schedulers_metrics_count_only_its_own_envs(
+    cluster: Any, stepped: Stepped, fresh: tuple[Any, Any]
+) -> None:
+    """Two schedulers in one process (a notebook, a test session): each ``/metrics`` is its own.
+
+    The collector sits in the process-wide ``prometheus_client`` registry; it once summed
+    every running scheduler, so a page counted another cluster's groups (seen in CI as 3
+    groups where the env had 2, a group of an earlier test's cluster still running).
+    """
+    from daskvec import DaskVecEnv
+
+    other, other_client = fresh
+    env = DaskVecEnv([lambda: CountingEnv(horizon=HORIZON)], client=other_client, timeout=60)
+    try:
+        env.reset()
+        held = lambda: sum(ws.metrics.get("daskvec_envs", 0) for ws in other.scheduler.workers.values())  # noqa: E731
+        wait_until(lambda: held() == 1, 30, "a heartbeat with the other cluster's env")
+        ports = {"stepped": cluster.scheduler.http_server.port, "other": other.scheduler.http_server.port}
+        expected = {"stepped": (2, N_ENVS), "other": (1, 1)}
+        for name in ("stepped", "other", "stepped", "other"):  # alternated: no page follows the last one served
+            samples = prometheus_samples(http_get(ports[name], "/metrics")[1])
+            envs = sum(v for k, v in samples.items() if k.startswith("dask_daskvec_envs{"))
+            assert (samples["dask_daskvec_env_groups"], envs) == expected[name], name
+    finally:
+        env.close()
 
 
 def test_a_malformed_client_event_is_skipped_with_one_log_line(

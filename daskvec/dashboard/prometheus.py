@@ -1,6 +1,6 @@
 """The daskvec figures on the scheduler's ``/metrics``: :class:`PrometheusCollector`.
 
-The collector reads every running scheduler of this process (see :func:`_running_schedulers`)
+The collector reads the scheduler whose ``/metrics`` is being served (see :func:`_served_schedulers`)
 through :func:`~daskvec.dashboard.data.snapshot`; :data:`PROMETHEUS_METRICS` lists the names it serves.
 """
 
@@ -17,21 +17,50 @@ logger = logging.getLogger(__name__)
 __all__ = ["PROMETHEUS_METRICS", "PrometheusCollector"]
 
 
-def _running_schedulers() -> list[Any]:
+def _running(server: Any) -> bool:
     from distributed.core import Status
+
+    return getattr(server, "status", None) in (Status.running, Status.init)
+
+
+def _running_schedulers() -> list[Any]:
     from distributed.scheduler import Scheduler
 
-    return [s for s in list(Scheduler._instances) if s.status in (Status.running, Status.init)]
+    return [s for s in list(Scheduler._instances) if _running(s)]
+
+
+def _served_schedulers() -> list[Any]:
+    """The scheduler whose ``/metrics`` page is being built; every running one if unknown.
+
+    ``prometheus_client`` keeps one registry per process, and a process may run several
+    schedulers (a notebook with two ``LocalCluster``, a test session). Dask's own
+    ``/metrics`` handler points its collectors at the scheduler it serves before it reads
+    the registry; daskvec's figures follow the same scheduler, so that one cluster's page
+    never counts another's envs.
+    """
+    try:
+        from distributed.http.scheduler.prometheus.core import PrometheusHandler
+
+        server = PrometheusHandler._collectors[0].server  # type: ignore[index]
+    except Exception:  # not served yet, or a Dask without this handler
+        return _running_schedulers()
+    return [server] if _running(server) else _running_schedulers()
 
 
 class PrometheusCollector:
-    """``prometheus_client`` collector of the daskvec figures of the schedulers in this process.
+    """``prometheus_client`` collector of the daskvec figures of a scheduler in this process.
 
     Served on the scheduler's ``/metrics`` with the names listed in
     :data:`PROMETHEUS_METRICS` (``dask`` is the ``distributed.dashboard.prometheus.namespace``).
+
+    Parameters
+    ----------
+    schedulers : callable, optional
+        Returns the schedulers to read. By default the one whose ``/metrics`` is being
+        served (every running scheduler of the process when none is).
     """
 
-    def __init__(self, schedulers: Any = _running_schedulers) -> None:
+    def __init__(self, schedulers: Any = _served_schedulers) -> None:
         self._schedulers = schedulers
 
     @staticmethod
