@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import sysconfig
+import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,11 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- clients
+#: Seconds past ``connect_timeout`` to wait for a Client to a scheduler address: Dask's
+#: own timeout, when it applies, fires first and gives its own reason.
+_CONNECT_MARGIN = 1.0
+
+
 @dataclass
 class ResolvedClient:
     """A client to use, and what daskvec created to get it (and so must close)."""
@@ -97,6 +103,53 @@ def install_dashboard_page() -> bool:
         logger.info("daskvec dashboard page not installed: %s", e)
         return False
     return dashboard.install()
+
+
+def _connect(address: str, timeout: float) -> Any:
+    """A ``Client`` of the scheduler at ``address``, connected within about ``timeout`` seconds.
+
+    Dask bounds the TCP connection by its ``timeout`` but not the handshake after it: a
+    scheduler that accepts connections and does not answer (SIGSTOPped, a stalled VM)
+    holds ``Client(address)`` until it answers. The Client is made on a thread of its
+    own and waited for with a deadline; one that comes after it is closed there.
+    """
+    from distributed import Client
+
+    lock = threading.Lock()
+    made: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            c = Client(address, timeout=timeout, direct_to_workers=True)
+        except BaseException as e:  # handed to the caller (or dropped: it gave up)
+            made["error"] = e
+            return
+        with lock:
+            if "gave_up" not in made:
+                made["client"] = c
+                return
+        c.close()  # the caller gave up before it came: nobody will use it
+
+    thread = threading.Thread(target=connect, name="daskvec-connect", daemon=True)
+    thread.start()
+    thread.join(timeout + _CONNECT_MARGIN)
+    with lock:
+        if "client" not in made and "error" not in made:
+            made["gave_up"] = True
+            raise ValueError(
+                f"the Dask scheduler at {address!r} took a connection but did not answer within {timeout:.0f}s "
+                "(stopped, frozen or overloaded?); check that `dask scheduler` is running there and responsive, "
+                "or raise connect_timeout"
+            )
+    error = made.get("error")
+    if isinstance(error, (OSError, TimeoutError)):
+        raise ValueError(
+            f"cannot reach a Dask scheduler at {address!r} within {timeout:.0f}s ({error}); "
+            "check the address (e.g. 'tcp://host:8786') and that `dask scheduler` is running"
+        ) from error
+    if error is not None:
+        raise error
+    return made["client"]
 
 
 def resolve_client(
@@ -144,14 +197,7 @@ def resolve_client(
         return ResolvedClient(client)
     if isinstance(client, str):
         _check_address_security(client)
-        try:
-            c = Client(client, timeout=connect_timeout, direct_to_workers=True)
-        except (OSError, TimeoutError) as e:
-            raise ValueError(
-                f"cannot reach a Dask scheduler at {client!r} within {connect_timeout:.0f}s ({e}); "
-                "check the address (e.g. 'tcp://host:8786') and that `dask scheduler` is running"
-            ) from e
-        return ResolvedClient(c, own_client=True)
+        return ResolvedClient(_connect(client, connect_timeout), own_client=True)
     if hasattr(client, "scheduler_address"):
         if type(client).__module__.startswith("dask_jobqueue"):
             from daskvec.jobqueue import keep_ctrl_c

@@ -458,3 +458,29 @@ def test_a_vec_env_made_while_the_scheduler_is_frozen_raises_within_its_timeout(
             f"wanted SchedulerLostError after {seconds:.1f}s, got {got or err!r}"
         )
         assert procs.address in str(err)
+
+
+@pytest.mark.timeout(240)
+def test_a_frozen_scheduler_given_by_address_fails_the_connection_within_connect_timeout(
+    dask_processes: Any,
+) -> None:
+    """Dask's ``Client(address, timeout=...)`` bounds the TCP connection, not the handshake
+    after it: with the scheduler frozen it waited until the scheduler answered (over 200 s)."""
+    from distributed import Client
+
+    procs = dask_processes(1)
+    with Client(procs.address, set_as_default=False, timeout=60) as observer:
+        observer.wait_for_workers(1, timeout=60)
+        before = observer.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.clients))
+        with frozen_scheduler(procs, resume_after=30):
+            got, err, seconds = timed(lambda: DaskVecEnv(witness_fns(), procs.address, timeout=3, connect_timeout=3))
+        if got is not None:
+            got.close()
+        assert isinstance(err, ValueError), f"wanted ValueError after {seconds:.1f}s, got {got or err!r}"
+        assert seconds < 3 + 5, f"the connection took {seconds:.1f}s to fail"
+        assert procs.address in str(err) and "did not answer" in str(err)
+        # the Client that came after the caller gave up is closed, not left connected
+        deadline = time.monotonic() + 30
+        while (now := observer.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.clients))) != before:
+            assert time.monotonic() < deadline, f"clients {now} after the scheduler came back, {before} before"
+            time.sleep(0.2)
