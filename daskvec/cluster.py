@@ -35,7 +35,7 @@ from daskvec import _dask
 from daskvec.dashboard_link import check_dashboard
 from daskvec.embedded import WORKER_EXIT_S, EmbeddedCluster, embedded_cluster
 from daskvec.errors import SchedulerLostError
-from daskvec.protocol import GROUP_KEY_PREFIX
+from daskvec.protocol import GROUP_KEY_PREFIX, group_actors_on
 
 logger = logging.getLogger(__name__)
 
@@ -636,7 +636,7 @@ class KeepEnvWorkers(SchedulerPlugin):
     @staticmethod
     def holds_envs(ws: Any) -> bool:
         """Whether a scheduler ``WorkerState`` holds any daskvec env group."""
-        return any(str(ts.key).startswith(GROUP_KEY_PREFIX) for ts in getattr(ws, "actors", ()))
+        return group_actors_on(ws) > 0
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
         """Drop env-holding workers from ``workers`` unless nothing else could go."""

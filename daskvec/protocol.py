@@ -39,6 +39,7 @@ __all__ = [
     "RemoteError",
     "ResetReply",
     "StepReply",
+    "group_actors_on",
     "restart_seed",
     "unwrap",
 ]
@@ -49,6 +50,25 @@ INFO_KEY = "daskvec"
 #: Every env-group actor's Dask key starts with this (the dashboard and the
 #: scale-down plugin recognise daskvec actors by it).
 GROUP_KEY_PREFIX = "daskvec-group-"
+
+#: States of a scheduler task whose actor exists or is being made on its worker.
+_LIVE_ACTOR_STATES = frozenset({"processing", "memory"})
+
+
+def group_actors_on(ws: Any) -> int:
+    """How many env-group actors a scheduler's ``WorkerState`` holds (scheduler side).
+
+    Counts the entries of ``ws.actors`` whose task is still live: Dask's scheduler adds
+    an actor task to ``ws.actors`` when it starts processing it, and does not remove it
+    when the task is released while still processing (a vec env closed, or a placement
+    given up, before the actor was made), so such entries stay there for good.
+    """
+    return sum(
+        1
+        for ts in getattr(ws, "actors", ())
+        if str(ts.key).startswith(GROUP_KEY_PREFIX) and getattr(ts, "state", None) in _LIVE_ACTOR_STATES
+    )
+
 
 #: The env method whose results travel with every step and reset reply (issue 14:
 #: sb3-contrib's ``MaskablePPO`` asks every env for its action masks before every step).

@@ -627,3 +627,35 @@ def test_known_returns_and_step_times_reach_page_and_prometheus(fresh: tuple[Any
             assert samples[(q, frozenset({label, ("quantile", "0.99")}))] == pytest.approx(p99)
     finally:
         env.close()
+
+
+def test_an_actor_released_before_it_was_made_is_not_counted(fresh: tuple[Any, Any]) -> None:
+    """Dask's scheduler keeps a group actor released while still processing in ``ws.actors``
+    for good; the page, ``/metrics`` and the scale-down plugin counted it as a live group."""
+    from distributed import Event
+
+    from daskvec.cluster import KeepEnvWorkers
+
+    cluster, client = fresh
+    scheduler = cluster.scheduler
+    started = Event("daskvec-test-build-started", client=client)
+
+    class SlowGroup:  # a group whose build takes long: local, so it travels by value
+        def __init__(self) -> None:
+            Event("daskvec-test-build-started").set()
+            time.sleep(5)
+
+    fut = client.submit(SlowGroup, actor=True, key="daskvec-group-released-while-building")
+    started.wait(60)
+    fut.release()  # what a vec env closed, or a placement given up, during a build does
+    del fut
+    wait_until(lambda: "daskvec-group-released-while-building" not in scheduler.tasks, 30, "the task forgotten")
+    stale = [ts for ws in scheduler.workers.values() for ts in ws.actors]
+    page = dashboard.DaskvecDashboard(scheduler)
+    page.update()
+    snap = dashboard.snapshot(scheduler)
+    collector = dashboard.PrometheusCollector(lambda: [scheduler])
+    groups = {f.name: f for f in collector.collect()}["dask_daskvec_env_groups"].samples[0].value
+    assert (snap.groups, groups) == (0, 0), f"counted {snap.groups} groups; ws.actors holds {stale}"
+    assert not any(KeepEnvWorkers.holds_envs(ws) for ws in scheduler.workers.values())
+    assert "No DaskVecEnv is running" in page.status.text

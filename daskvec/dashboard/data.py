@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from daskvec.metrics import CLIENT_TOPIC
-from daskvec.protocol import GROUP_KEY_PREFIX
+from daskvec.protocol import group_actors_on
 from daskvec.transport.wire import RateLimitedLog
 
 logger = logging.getLogger(__name__)
@@ -116,10 +116,6 @@ def _label(ws: Any) -> str:
     return f"{name} ({short})"
 
 
-def _groups_on(ws: Any) -> int:
-    return sum(1 for ts in getattr(ws, "actors", ()) if str(ts.key).startswith(GROUP_KEY_PREFIX))
-
-
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -213,7 +209,7 @@ def snapshot(scheduler: Any) -> Snapshot:
     groups = 0
     for ws in sorted(scheduler.workers.values(), key=lambda w: str(w.name)):
         m = ws.metrics
-        n_groups = _groups_on(ws)
+        n_groups = group_actors_on(ws)
         groups += n_groups
         rows["worker"].append(_label(ws))
         rows["address"].append(str(ws.address))
