@@ -25,6 +25,7 @@ from typing import Any
 from daskvec.errors import SchedulerLostError
 
 __all__ = [
+    "heartbeat_interval",
     "is_actor_lost",
     "log_event",
     "log_event_nowait",
@@ -59,6 +60,21 @@ def scheduler_address(client: Any) -> str:
         else:
             address = _ADDRESSES.get(client, "")
     return address
+
+
+def heartbeat_interval(n_workers: int) -> float:
+    """Seconds between two heartbeats of each worker of a cluster of ``n_workers`` (Dask's rule).
+
+    No public API says it: ``distributed.scheduler.heartbeat_interval``, which the
+    scheduler sends each worker when it registers (0.5 s up to 10 workers, more with
+    more). 5 s if that function is gone.
+    """
+    try:
+        from distributed.scheduler import heartbeat_interval as dask_interval
+
+        return float(dask_interval(n_workers))
+    except Exception:  # moved or changed in a later Dask
+        return 5.0
 
 
 def scheduler_workers(client: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -117,11 +133,12 @@ def scheduler_workers_soon(client: Any, timeout: float = 30.0) -> concurrent.fut
 def scheduler_lost(client: Any, exc: BaseException, timeout: float | None = None) -> SchedulerLostError:
     """The :class:`SchedulerLostError` for a call to ``client``'s scheduler that failed with ``exc``."""
     address = scheduler_address(client)
-    what = (
-        f"did not answer within {timeout:.0f}s"
-        if isinstance(exc, TimeoutError) and timeout is not None
-        else f"cannot be reached ({type(exc).__name__}: {exc})"
-    )
+    if isinstance(exc, TimeoutError) and timeout is not None:
+        what = f"did not answer within {timeout:.0f}s"
+    elif isinstance(exc, AttributeError):  # the client dropped its connection object after losing the scheduler
+        what = "is gone (the client lost its connection to it)"
+    else:
+        what = f"cannot be reached ({type(exc).__name__}: {exc})"
     return SchedulerLostError(
         f"the Dask scheduler {address or '(address unknown)'} {what}; without it no env can be placed or "
         "rebuilt, so this vec env is broken. Check the scheduler (its process, host and network), then "

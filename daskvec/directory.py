@@ -12,18 +12,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
 from daskvec import _dask
 from daskvec import cluster as _cluster
-from daskvec.errors import WorkerLostError
+from daskvec.errors import SchedulerLostError, WorkerLostError
 from daskvec.options import Options
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["QUARANTINE_S", "Layout", "WorkerDirectory"]
+__all__ = ["QUARANTINE_S", "HeartbeatWatch", "Layout", "WorkerDirectory"]
 
 #: Seconds a worker that failed to create an env group in time, or left a step
 #: unanswered, gets no new envs while other workers can take them: placing on a frozen
@@ -208,3 +208,72 @@ class WorkerDirectory:
         """Each group on the least-loaded of ``workers`` (see :func:`daskvec.cluster.assign_workers`)."""
         held = {w: k for w, k in load.items() if w in workers}
         return list(zip(env_groups, _cluster.assign_workers(env_groups, workers, held), strict=True))
+
+
+#: Heartbeat intervals a worker must miss to count as frozen (the scheduler's own
+#: ``worker-ttl`` is never less than 10 of them).
+_HEARTBEATS = 10
+
+
+class HeartbeatWatch:
+    """Which workers have sent the scheduler no heartbeat for ``quiet`` seconds.
+
+    A long wait (a rollout of ``n_steps`` steps, bounded by ``step_timeout * n_steps``)
+    cannot tell a frozen worker from a busy one by its reply alone. A worker's process
+    that is stopped (SIGSTOP, a stalled VM, a partition) also stops its heartbeats to
+    the scheduler, while a busy one goes on sending them from its event loop. Each
+    :meth:`silent` reads the scheduler's last answer on its workers' ``last_seen`` and
+    compares it with the answers before on the client's clock, so the clocks of the
+    machines never meet.
+
+    Parameters
+    ----------
+    directory : WorkerDirectory
+        The directory whose client and ``timeout`` are used.
+    quiet : float
+        Seconds without a new heartbeat after which a worker counts as frozen; at
+        least 10 heartbeat intervals (5 s up to 10 workers, 10 s up to 50, 20 s up to 200).
+    """
+
+    def __init__(self, directory: WorkerDirectory, quiet: float) -> None:
+        self._directory = directory
+        self.quiet = quiet
+        self._seen: dict[str, tuple[Any, float]] = {}  # worker -> (its last_seen, when that was first seen)
+        self._asked: concurrent.futures.Future[dict[str, Any]] | None = None
+
+    def silent(self, workers: Collection[str]) -> set[str]:
+        """Those of ``workers`` whose heartbeat has not changed for ``quiet`` seconds, or that the scheduler lost.
+
+        Never waits: the scheduler is asked in the background
+        (:func:`daskvec._dask.scheduler_workers_soon`) and its answer is read at the
+        next call. Until an answer is in, or when the scheduler does not answer (frozen:
+        the direct channels go on without it), no worker is judged.
+        """
+        asked = self._asked
+        if asked is not None and not asked.done():
+            return set()  # still on its way
+        self._asked = _dask.scheduler_workers_soon(self._directory.client, self._directory.options.timeout)
+        if asked is None:
+            return set()
+        try:
+            known = asked.result()
+        except SchedulerLostError:
+            return set()
+        now = time.monotonic()
+        # as the scheduler's own time-to-live: never less than 10 heartbeats
+        quiet = max(self.quiet, _HEARTBEATS * _dask.heartbeat_interval(len(known)))
+        out = set()
+        for w in workers:
+            info = known.get(w)
+            if info is None:
+                out.add(w)
+                continue
+            beat = info.get("last_seen")
+            first = self._seen.get(w)
+            if beat is None:  # a Dask that does not say: never judged silent
+                continue
+            if first is None or first[0] != beat:
+                self._seen[w] = (beat, now)
+            elif now - first[1] >= quiet:
+                out.add(w)
+        return out

@@ -321,7 +321,13 @@ class Engine:
         return groups, outcome
 
     def finish(
-        self, outcome: StepOutcome, sink: Sink, *, migrate: Collection[Group] | None = None, steps: int = 1
+        self,
+        outcome: StepOutcome,
+        sink: Sink,
+        *,
+        migrate: Collection[Group] | None = None,
+        steps: int = 1,
+        waited: float | None = None,
     ) -> None:
         """Finish a collected outcome: the one place where every face and rollouts do it.
 
@@ -330,12 +336,14 @@ class Engine:
         no group is left with a reply in flight); raise the first env's error; carry
         out the moves that are due (of the groups in ``migrate`` only, if given) and
         report them; send the dashboard its figures when due. A recovery that fails
-        breaks the engine (:meth:`fail_stop`).
+        breaks the engine (:meth:`fail_stop`). ``waited``: how long the replies were
+        waited for, for the messages (default ``step_timeout``, a step's bound).
         """
         self.recovery.steps += steps
         if outcome.lost:
             during = "deferred" if outcome.errors else "step"
-            self.report(sink, during, self.recovery.handle_lost, outcome.lost, self.options.step_timeout)
+            waited = self.options.step_timeout if waited is None else waited
+            self.report(sink, during, self.recovery.handle_lost, outcome.lost, waited)
         if outcome.errors:
             outcome.errors[0][1].raise_()
         if self.recovery.migration_due and (migrate is None or migrate):

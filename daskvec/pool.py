@@ -541,14 +541,18 @@ class GroupPool:
         Nothing is read: :meth:`collect` reads the replies. A group whose worker is gone
         counts as ready (its channel reports it).
         """
-        waiting = [f.group.channel for f in self._flights.values() if f.batch and f.waiting]
+        return not self.unanswered(timeout)
+
+    def unanswered(self, timeout: float) -> list[Group]:
+        """:meth:`all_ready`, returning the groups whose reply is still not in after ``timeout`` seconds."""
+        waiting = [f.group for f in self._flights.values() if f.batch and f.waiting]
         deadline = time.monotonic() + timeout
         while waiting:
-            ready = set(wait_ready(waiting, max(deadline - time.monotonic(), 0.0)))
+            ready = set(wait_ready([g.channel for g in waiting], max(deadline - time.monotonic(), 0.0)))
             if not ready:
-                return False
-            waiting = [ch for k, ch in enumerate(waiting) if k not in ready]
-        return True
+                return waiting
+            waiting = [g for k, g in enumerate(waiting) if k not in ready]
+        return []
 
     def _land(self, flights: Sequence[Flight]) -> None:
         for f in flights:

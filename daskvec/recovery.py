@@ -399,10 +399,10 @@ class Recovery:
             if reasons[g] == "timeout" and not self.options.env_process:
                 # the step is still running in that worker (a hung env holds a thread there)
                 self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.3g}s")
-            what = "timed out" if reasons[g] == "timeout" else "were lost"
             # the message, not the exception: a handler that keeps records (a notebook's, pytest's) would
             # keep its traceback's frames, and the replies and shared windows they hold
-            logger.warning("envs %s on worker %s %s (%s); rebuilding them", g.env_indices, g.worker, what, str(exc))
+            why = f"did not answer within {waited:.3g}s" if reasons[g] == "timeout" else f"were lost ({exc})"
+            logger.warning("envs %s on worker %s %s; rebuilding them", g.env_indices, g.worker, why)
         return self.relocate(list(lost), reasons)
 
     def relocate(self, old: list[Group], reasons: dict[Group, str], layout: Layout | None = None) -> list[Rebuild]:

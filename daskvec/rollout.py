@@ -35,6 +35,7 @@ import gymnasium as gym
 import numpy as np
 
 from daskvec.cluster import dumps_by_value
+from daskvec.directory import HeartbeatWatch
 from daskvec.engine import Engine
 from daskvec.errors import DaskVecEnvError, WorkerLostError
 from daskvec.groups import Group, StepOutcome
@@ -51,6 +52,9 @@ _VERSIONS = itertools.count(secrets.randbits(40) << 16)
 
 #: How many times a lost fragment is recollected before the rollout gives up.
 _ATTEMPTS = 4
+#: Seconds between two looks at the heartbeats of the workers a rollout still waits for:
+#: a quarter of ``step_timeout``, within these bounds.
+_LOOK_MIN, _LOOK_MAX = 0.5, 5.0
 
 
 class PolicyShipment:
@@ -294,7 +298,9 @@ def collect_rollout(
     groups = list(engine.groups)
     for attempt in range(_ATTEMPTS + 1):
         offset = 0 if attempt == 0 else 1
+        waiting = time.monotonic()
         outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout, command)
+        waited = time.monotonic() - waiting
         if outcome.lost and attempt == _ATTEMPTS:
             lost = sorted(i for g in outcome.lost for i in g.env_indices)
             with engine.fail_stop():
@@ -303,7 +309,7 @@ def collect_rollout(
         last = not outcome.lost or n_steps == 1
         # a group lost again drops the rebuild that made it; the one replacing it reports at step 0
         recorder.rebuilds = [r for r in recorder.rebuilds if r.group not in outcome.lost]
-        engine.finish(outcome, recorder, migrate=None if last else (), steps=0)
+        engine.finish(outcome, recorder, migrate=None if last else (), steps=0, waited=waited)
         if last:
             break
         groups = [r.group for r in recorder.rebuilds if r.group not in parts]
@@ -327,5 +333,37 @@ def _run(
     with engine.fail_stop():
         engine.settle()
         engine.pool.send(lambda g: (command, (request.for_envs(g.env_indices),)), groups)
-        outcome: StepOutcome = engine.pool.collect(timeout, take, RolloutReply)
+        outcome: StepOutcome = engine.pool.collect(_await_fragments(engine, timeout), take, RolloutReply)
     return outcome
+
+
+def _await_fragments(engine: Engine, timeout: float) -> float:
+    """Wait until every fragment is in, or those missing are all on frozen workers; the time left for them.
+
+    A rollout may take ``timeout`` (``step_timeout * n_steps``: hours, with the
+    defaults) on a healthy worker, so its reply alone cannot say when a worker froze.
+    While fragments are missing, the workers they are on are checked every few
+    seconds: one that has sent the scheduler no heartbeat for ``step_timeout``
+    (:class:`~daskvec.directory.HeartbeatWatch`) is frozen, and once every missing
+    fragment is on such a worker, nothing more is waited for (0 is returned: the
+    collection reads what is in and times out the rest). Nothing is read here.
+    """
+    assert engine.pool is not None
+    step_timeout = engine.options.step_timeout
+    watch = HeartbeatWatch(engine.directory, quiet=step_timeout)
+    look = min(max(step_timeout / 4, _LOOK_MIN), _LOOK_MAX)
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        missing = engine.pool.unanswered(max(min(look, remaining), 0.0))
+        if not missing or remaining <= look:
+            return max(deadline - time.monotonic(), 0.0)
+        workers = {g.worker for g in missing}
+        frozen = watch.silent(workers)
+        if workers <= frozen:
+            logger.warning(
+                "worker%s %s sent no heartbeat for %.3gs while collecting a rollout: giving up on %s fragments",
+                "s" if len(frozen) > 1 else "", ", ".join(sorted(workers)), step_timeout,
+                "its" if len(frozen) == 1 else "their",
+            )  # fmt: skip
+            return 0.0

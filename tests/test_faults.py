@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -1010,3 +1011,64 @@ def test_a_worker_lost_during_a_call_or_a_reset_leaves_the_other_envs_done_once(
         assert [s[-1] for s in env.get_attr("reset_seeds")] == [42 + i for i in range(6)]
     finally:
         env.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_frozen_during_a_worker_side_rollout_costs_about_step_timeout(
+    dask_processes: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DaskPPO waits ``step_timeout * n_steps`` for a rollout (a healthy one may take that long);
+    a worker frozen (SIGSTOP) in it stalled training that long (here 2 s x 512: 17 min, and
+    34 hours with the defaults). Its missing heartbeats now end the wait after about
+    ``step_timeout``; its envs are rebuilt and reported as timeouts."""
+    import signal
+    import threading
+
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from daskvec.sb3 import DaskPPO
+
+    procs = dask_processes(2)
+    env = DaskVecEnv([cartpole] * 4, client=procs.address, envs_per_actor=2, step_timeout=2.0, timeout=60)
+    (frozen,) = [g for g in env.groups if 0 in g["envs"]]
+    assert len({g["worker"] for g in env.groups}) == 2
+
+    class FreezeOnSecondRollout(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rollouts = 0
+            self.started = 0.0
+            self.collected: float | None = None
+            self.markers: dict[int, dict[str, Any]] = {}
+
+        def _on_rollout_start(self) -> None:
+            self.rollouts += 1
+            if self.rollouts == 2:
+                freeze(frozen["pid"])
+                self.started = time.monotonic()
+
+        def _on_step(self) -> bool:
+            if self.rollouts == 2 and self.collected is None:  # the rollout is in: its steps are replayed
+                self.collected = time.monotonic() - self.started
+            self.markers.update(markers(self.locals["infos"]))
+            return True
+
+    guard = threading.Timer(120, os.kill, (frozen["pid"], signal.SIGCONT))  # a test, not a hang, if it waits on
+    guard.start()
+    callback = FreezeOnSecondRollout()
+    try:
+        model = DaskPPO("MlpPolicy", env, n_steps=512, batch_size=512, n_epochs=1, device="cpu", seed=0)
+        model.learn(total_timesteps=512 * 4 * 3, callback=callback)
+    finally:
+        guard.cancel()
+        os.kill(frozen["pid"], signal.SIGCONT)
+        env.close()
+    assert callback.collected is not None and callback.collected < 30, (
+        f"the rollout with a frozen worker took {callback.collected}s (step_timeout 2 s)"
+    )
+    assert sorted(callback.markers) == frozen["envs"]
+    assert all(m["reason"] == "timeout" for m in callback.markers.values())
+    # the log gives the time the rollout waited for them (it gave step_timeout, or the channel's last wait)
+    (line,) = [r.getMessage() for r in caplog.records if "rebuilding them" in r.getMessage()]
+    waited = float(re.search(r"did not answer within ([\d.]+)s", line).group(1))  # type: ignore[union-attr]
+    assert 2.0 < waited <= callback.collected + 1, line

@@ -484,3 +484,17 @@ def test_a_frozen_scheduler_given_by_address_fails_the_connection_within_connect
         while (now := observer.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.clients))) != before:
             assert time.monotonic() < deadline, f"clients {now} after the scheduler came back, {before} before"
             time.sleep(0.2)
+
+
+def test_the_error_of_a_client_that_dropped_its_scheduler_connection_says_so() -> None:
+    """A client that lost its scheduler drops its RPC object: the next call fails with an
+    ``AttributeError`` of ``None``, which the message named ("'NoneType' object has no
+    attribute 'identity'", seen by a fault probe under DaskPPO)."""
+    from types import SimpleNamespace
+
+    from daskvec._dask import scheduler_lost
+
+    client = SimpleNamespace(scheduler=SimpleNamespace(address="tcp://10.0.0.1:8786"))
+    err = scheduler_lost(client, AttributeError("'NoneType' object has no attribute 'identity'"), 5.0)
+    assert isinstance(err, SchedulerLostError) and err.address == "tcp://10.0.0.1:8786"
+    assert "NoneType" not in str(err) and "lost its connection" in str(err)
