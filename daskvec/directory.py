@@ -269,9 +269,9 @@ class HeartbeatWatch:
                 out.add(w)
                 continue
             beat = info.get("last_seen")
-            first = self._seen.get(w)
             if beat is None:  # a Dask that does not say: never judged silent
                 continue
+            first = self._seen.get(w)
             if first is None or first[0] != beat:
                 self._seen[w] = (beat, now)
             elif now - first[1] >= quiet:

@@ -361,9 +361,9 @@ def _await_fragments(engine: Engine, timeout: float) -> float:
         workers = {g.worker for g in missing}
         frozen = watch.silent(workers)
         if workers <= frozen:
+            many = len(workers) > 1
             logger.warning(
-                "worker%s %s sent no heartbeat for %.3gs while collecting a rollout: giving up on %s fragments",
-                "s" if len(frozen) > 1 else "", ", ".join(sorted(workers)), step_timeout,
-                "its" if len(frozen) == 1 else "their",
+                "worker%s %s sent no heartbeat for %.3gs or more while collecting a rollout: giving up on %s fragments",
+                "s" if many else "", ", ".join(sorted(workers)), step_timeout, "their" if many else "its",
             )  # fmt: skip
             return 0.0
