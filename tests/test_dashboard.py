@@ -12,13 +12,14 @@ import json
 import re
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from envs import CountingEnv
 from scripted_envs import ScriptedEnv
+from waiting import wait_until
 
 from daskvec import dashboard, metrics
 from daskvec.metrics import CLIENT_TOPIC, WORKER_METRICS, ClientTimer, GroupStats
@@ -30,18 +31,6 @@ HORIZON = 10
 N_ENVS = 4
 MIN_STEPS = 60
 INDIVIDUAL = [r for r in dashboard.ROUTES if r.startswith("/individual-")]
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

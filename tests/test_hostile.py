@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from envs import CountingEnv
 from test_transport import COMPACT, PICKLED, read_to_end, recv_exact, wire
+from waiting import wait_until
 
 from daskvec.cluster import dumps_factories
 from daskvec.protocol import Command, GroupSpec, RemoteError, StepReply
@@ -43,15 +44,6 @@ def echo(request: object) -> object:
     if request == "unpicklable":
         return threading.Lock()  # cannot be encoded
     return ("ok", request)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 @pytest.fixture
@@ -117,7 +109,7 @@ def test_malformed_frame_ends_its_connection_with_one_log_line(
     with caplog.at_level(logging.WARNING, logger="daskvec.transport.server"):
         sock.sendall(MALFORMED[name])
         assert closed_by_server(sock, 10), f"the server kept a connection that sent {name!r}"
-        assert wait_until(lambda: len(caplog.records) >= 1, 5)
+        wait_until(lambda: len(caplog.records) >= 1, 5, "a log record")
         time.sleep(0.2)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
@@ -253,16 +245,20 @@ def test_slowloris_neither_holds_threads_nor_locks_out_the_right_client(
     trickler.start()
     try:
         # every one was taken in: waiting for its handshake, or pushed out by a newer one
-        assert wait_until(lambda: len(server._pending) + server.refused >= 200, 10)
+        wait_until(lambda: len(server._pending) + server.refused >= 200, 10, "200 peers taken or refused")
         # at most MAX_PENDING (64) of them wait for a handshake; the threads of the rest end
-        assert wait_until(lambda: handshakes() <= 64, 10), f"{handshakes()} handshake threads for 200 slow peers"
+        wait_until(
+            lambda: handshakes() <= 64,
+            10,
+            lambda: f"at most 64 handshake threads for 200 slow peers, not {handshakes()}",
+        )
         good = DirectChannel(server.address, TOKEN, connect_timeout=10)
         good.send(("step", (np.ones(2),)))
         assert good.recv(10)[0] == "ok"
         # one overall deadline (3 s here): trickling peers are cut although they keep sending
         t0 = time.monotonic()
         assert all(closed_by_server(s, max(t0 + 8 - time.monotonic(), 0.01)) for s in socks)
-        assert wait_until(lambda: server.refused == 200, 5), f"{server.refused} of 200 slow peers refused"
+        wait_until(lambda: server.refused == 200, 5, lambda: f"200 slow peers refused, not {server.refused}")
         good.send(("still", "here"))  # the authenticated connection has no deadline
         assert good.recv(10) == ("ok", ("still", "here"))
         good.close()
@@ -301,7 +297,7 @@ def test_a_flood_of_silent_connections_does_not_lock_out_the_right_client(
     flood.start()
     failures: list[str] = []
     try:
-        assert wait_until(lambda: len(server._pending) >= 64, 10), "the flood never filled the handshake slots"
+        wait_until(lambda: len(server._pending) >= 64, 10, "the flood to fill the handshake slots")
         for i in range(10):  # each bounded by its connect and receive timeouts
             try:
                 ch = DirectChannel(server.address, TOKEN, connect_timeout=5)
@@ -325,8 +321,8 @@ def test_a_flood_from_one_address_never_pushes_out_another_address(server: Chann
     mine = socket.create_connection(server.address, timeout=10, source_address=("127.0.0.1", 0))
     flood = [socket.create_connection(server.address, timeout=10, source_address=("127.0.0.2", 0)) for _ in range(100)]
     try:
-        assert wait_until(lambda: len(server._pending) + server.refused >= 101, 10)
-        assert wait_until(lambda: server.refused >= 101 - 64, 10)  # the flood's oldest, pushed out
+        wait_until(lambda: len(server._pending) + server.refused >= 101, 10, "101 peers taken or refused")
+        wait_until(lambda: server.refused >= 101 - 64, 10, "the flood's oldest pushed out")
         # still in its slot: it completes its handshake now, after 100 newer connections
         mine.settimeout(10)
         try:
@@ -349,7 +345,7 @@ def test_refusals_are_logged_rate_limited(server: ChannelServer, caplog: pytest.
                 recv_exact(s, 32)
                 s.sendall(b"\0" * 64)  # a wrong proof
                 read_to_end(s)
-        assert wait_until(lambda: server.refused == 20, 10)
+        wait_until(lambda: server.refused == 20, 10, lambda: f"20 refused, not {server.refused}")
     refusals = [r for r in caplog.records if "refused a peer" in r.getMessage()]
     assert len(refusals) == 1 and "wrong token" in refusals[0].getMessage()
 
@@ -384,8 +380,10 @@ def test_fd_exhaustion_in_a_worker_does_not_stop_its_accept_loop(dask_processes:
                     flood.append(socket.create_connection(address, timeout=1))
                 except OSError:
                     break  # the backlog is full too
-            assert wait_until(lambda: "cannot accept connections" in log.read_text(errors="replace"), 30), (
-                "the worker never ran out of descriptors"
+            wait_until(
+                lambda: "cannot accept connections" in log.read_text(errors="replace"),
+                30,
+                "the worker to run out of descriptors",
             )
             established.send((Command.STEP, (np.array([1]),)))  # stepping goes on during the flood
             assert isinstance(established.recv(30), StepReply)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from daskvec.worker import reaper
 from daskvec.worker.reaper import Release
@@ -40,13 +40,6 @@ class FakeGroup:
 def fake_worker(key: str) -> Any:
     """What the reaper reads of a Dask worker holding the actor ``key``."""
     return SimpleNamespace(state=SimpleNamespace(actors={key: None}))
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:.0f}s"
-        time.sleep(0.01)
 
 
 _checks = [0]  # the reaper's checks so far
@@ -78,7 +71,7 @@ def bystander(counted_checks: None) -> Iterator[None]:
 def wait_for_checks(n: int = 2) -> None:
     """Wait until the reaper has made ``n`` whole checks from now (the first may have begun already)."""
     start = _checks[0]
-    wait_until(lambda: _checks[0] >= start + n, f"{n} checks of the reaper")
+    wait_until(lambda: _checks[0] >= start + n, 10, f"{n} checks of the reaper", every=0.01)
 
 
 def test_a_dropped_group_is_released_once_when_no_call_runs() -> None:
@@ -87,10 +80,10 @@ def test_a_dropped_group_is_released_once_when_no_call_runs() -> None:
     group.release.watch(worker, "group-1")
     group.busy.set()
     del worker.state.actors["group-1"]  # the client gave the group up
-    wait_until(lambda: group.asked >= 2, "asking the busy group again")
+    wait_until(lambda: group.asked >= 2, 10, "asking the busy group again", every=0.01)
     assert released == []  # a call in progress keeps the envs
     group.busy.clear()
-    wait_until(lambda: released == [1], "the release")
+    wait_until(lambda: released == [1], 10, "the release", every=0.01)
     asked = group.asked
     wait_for_checks()
     assert released == [1] and group.asked == asked and group.release.done
@@ -115,4 +108,4 @@ def test_a_held_group_stays_and_a_collected_one_is_released() -> None:
     assert released == [] and group.asked == 0
     del group
     gc.collect()
-    wait_until(lambda: released == [1], "the release of the collected group")
+    wait_until(lambda: released == [1], 10, "the release of the collected group", every=0.01)

@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
+from waiting import wait_until
 
 from daskvec import DaskVecEnv, _dask
 from daskvec.cluster import choose_transport, client_ssl_context, security_reasons, uses_tls
@@ -247,7 +248,7 @@ def test_a_hanging_factory_is_a_build_timeout_and_frees_the_cluster(
     if env_process:
         assert info.value.env_indices == [0] and "env process was killed" in str(info.value)
         # the env process of the hung build is gone, and the other group's goes with its group
-        assert _wait_until(lambda: sum(client2.run(_env_processes).values()) == 0, 30)
+        wait_until(lambda: sum(client2.run(_env_processes).values()) == 0, 30, "no env process on any worker")
     else:
         assert info.value.env_indices == [0] and "env 0 (_wait_for_file)" in str(info.value)
         # built once, on one worker: not retried on the other
@@ -281,16 +282,7 @@ def test_killing_an_env_process_kills_what_its_envs_started(client2: Any, releas
     with pytest.raises(EnvBuildTimeoutError, match="env process was killed"):
         DaskVecEnv([hang], client=client2, timeout=3, worker_wait_timeout=5, env_process=True)
     child = int(pid_file.read_text())
-    assert _wait_until(lambda: not _running(child), 20), f"process {child}, started by an env, outlived its group"
-
-
-def _wait_until(cond: Any, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
+    wait_until(lambda: not _running(child), 20, f"process {child}, started by an env, to end with its group")
 
 
 @pytest.mark.timeout(120)
@@ -313,11 +305,13 @@ def test_an_env_process_does_not_outlive_its_worker_during_a_build(dask_processe
             building[:] = [p for p in psutil.Process(worker.pid).children() if "host_main" in " ".join(p.cmdline())]
             return bool(building)
 
-        assert _wait_until(env_process_started, 60), "the env process never started"
+        wait_until(env_process_started, 60, "the env process to start")
         procs.kill_worker(worker)  # SIGKILL: the worker cannot clean anything up
         (env_proc,) = building
-        assert _wait_until(lambda: not env_proc.is_running() or env_proc.status() == psutil.STATUS_ZOMBIE, 15), (
-            f"env process {env_proc.pid} outlived its worker (parent now {env_proc.ppid()})"
+        wait_until(
+            lambda: not env_proc.is_running() or env_proc.status() == psutil.STATUS_ZOMBIE,
+            15,
+            lambda: f"env process {env_proc.pid} to end with its worker (parent now {env_proc.ppid()})",
         )
 
 

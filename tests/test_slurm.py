@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from daskvec.cluster import scheduler_workers
 
@@ -69,14 +70,6 @@ def cartpoles(n: int) -> list[Any]:
     return [lambda: gym.make("CartPole-v1") for _ in range(n)]
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="class")
 def slurm_cluster(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     """An adaptive SLURMCluster of two one-core jobs, sized for 4 envs by the helper.
@@ -108,7 +101,7 @@ def slurm_cluster(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         jobs = [str(j.job_id) for j in cluster.workers.values()]
         cluster.close()
         # closing the cluster cancels its jobs
-        wait_until(lambda: not squeue_states(jobs), 30, f"jobs {jobs} to leave the queue")
+        wait_until(lambda: not squeue_states(jobs), 30, f"jobs {jobs} to leave the queue", every=0.5)
 
 
 class TestTwoJobs:
@@ -189,7 +182,7 @@ class TestTwoJobs:
 
             # the adaptive cluster submits a replacement job; envs spread back onto it
             eligible = env._engine.directory.eligible
-            wait_until(lambda: len(set(eligible()) - {victim_worker}) >= 2, 150, "a replacement SLURM job")
+            wait_until(lambda: len(set(eligible()) - {victim_worker}) >= 2, 150, "a replacement SLURM job", every=0.5)
             assert env.rebalance() > 0
             env.step(np.zeros(4, dtype=np.int64))
             assert len({g["worker"] for g in env.groups}) == 2

@@ -29,6 +29,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from daskvec.protocol import EMPTY, Command, GroupSpec, RemoteError, StepReply
 from daskvec.rollout_protocol import RolloutReply
@@ -368,16 +369,6 @@ def test_both_sockets_carry_arrays(server: ChannelServer, family: str) -> None:
     ch.close()
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return condition()
-        time.sleep(0.01)
-    return True
-
-
 def test_wrong_token_and_missing_socket_fail_clearly() -> None:
     calls: list[object] = []
 
@@ -392,7 +383,7 @@ def test_wrong_token_and_missing_socket_fail_clearly() -> None:
             with pytest.raises(ChannelError, match=r"handshake with .* failed"):
                 DirectChannel(address, secrets.token_bytes(32), connect_timeout=5)
         # the server itself refused both: the client's own check of the server never came into it
-        assert wait_until(lambda: server.refused == 2), f"{server.refused} refused connections, not 2"
+        wait_until(lambda: server.refused == 2, 10, lambda: f"2 refused connections, not {server.refused}")
         # a stranger that answers the challenge wrongly and sends a request anyway gets nothing back
         with socket.create_connection(server.address, timeout=10) as sock:
             nonce = recv_exact(sock, 32)
@@ -400,7 +391,7 @@ def test_wrong_token_and_missing_socket_fail_clearly() -> None:
             sock.sendall(proof + secrets.token_bytes(32))
             sock.sendall(b"".join(bytes(memoryview(f).cast("B")) for f in encode(("step", (1,)))))
             assert read_to_end(sock) == b"", "the server answered a peer that failed its challenge"
-        assert wait_until(lambda: server.refused == 3), f"{server.refused} refused connections, not 3"
+        wait_until(lambda: server.refused == 3, 10, lambda: f"3 refused connections, not {server.refused}")
         assert calls == []  # no request of a refused peer reached the handler
         good = DirectChannel(server.address, TOKEN)
         good.send(("step", (1,)))
