@@ -225,17 +225,3 @@ def dask_processes(tmp_path: Path) -> Iterator[object]:
 def have_chromium() -> bool:
     """Whether Debian's chromium is installed."""
     return shutil.which("chromium") is not None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``), keep each module's tests on one worker.
-
-    A module's tests share its fixtures (a module's client, a cluster it starts) and run in
-    the order they were written, as in a serial run. The tests that need the one
-    single-node SLURM (``slurm`` marker, in any module) form one group, so two of them
-    never queue for its cores at once.
-    """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))

@@ -106,19 +106,5 @@ def test_monitoring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert warnings_in(text) == [], text
 
 
-@pytest.mark.slurm
-@pytest.mark.timeout(300)
-def test_hpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_slurm import slurm_skip_reason
-
-    reason = slurm_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug", walltime="00:10:00")
-    text = text_of(nb)
-    assert "#PBS -l walltime=04:00:00" in text
-    assert "#SBATCH -t 00:10:00" in text
-    assert "daskvec page: http" in text  # cluster_for_envs' scheduler serves the page, and it was checked
-    assert "cancelled job" in text and "training finished at 2048" in text
-    assert "'reason': 'worker_lost'" in text
-    assert "envs moved:" in text
+# The HPC notebook (hpc.ipynb) runs on the real SLURM: tests/test_slurm.py::test_hpc_notebook,
+# beside the other SLURM tests, so that no two of them submit jobs to the single node at once.

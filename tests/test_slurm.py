@@ -285,3 +285,18 @@ def test_worker_deadline_inside_a_slurm_job(slurm: None) -> None:
     # a lifetime that ends earlier wins; it counts from the process start, so it is at most 30 s away
     assert with_lifetime <= now + 30
     assert with_lifetime < job_end
+
+
+@pytest.mark.timeout(300)
+def test_hpc_notebook(slurm: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """notebooks/hpc.ipynb top to bottom on the real SLURM (here, beside the module's other SLURM tests)."""
+    from test_notebooks import run_notebook, text_of
+
+    nb = run_notebook("hpc.ipynb", tmp_path, monkeypatch, envs=4, timesteps=2048, queue="debug", walltime="00:10:00")
+    text = text_of(nb)
+    assert "#PBS -l walltime=04:00:00" in text
+    assert "#SBATCH -t 00:10:00" in text
+    assert "daskvec page: http" in text  # cluster_for_envs' scheduler serves the page, and it was checked
+    assert "cancelled job" in text and "training finished at 2048" in text
+    assert "'reason': 'worker_lost'" in text
+    assert "envs moved:" in text
