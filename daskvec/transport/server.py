@@ -53,12 +53,12 @@ _POLL_MISSES = 8
 #: idle core for the poll to spin on. A yield with nothing waiting returns in
 #: microseconds; the client's own step between two requests takes well under this.
 CONTENDED_YIELD = 0.001
-#: Seconds a connection waits for its requests in the kernel, without polling, after a
-#: poll that found its core contended; then it polls again.
+#: Polls in a row that found the core contended before a connection pauses polling (one
+#: alone is no sign: a virtual machine's CPU is sometimes taken away for a moment).
+CONTENDED_POLLS = 4
+#: Seconds a connection waits for its requests in the kernel, without polling, after
+#: :data:`CONTENDED_POLLS` polls in a row found its core contended; then it polls again.
 CONTENDED_PAUSE = 1.0
-#: What :func:`_poll_readable` found: a request (or the peer's close) waiting, nothing
-#: within the budget, or a contended core.
-READY, QUIET, CONTENDED = "ready", "quiet", "contended"
 
 
 def check_busy_poll(value: Any, name: str = "busy_poll") -> float:
@@ -68,15 +68,14 @@ def check_busy_poll(value: Any, name: str = "busy_poll") -> float:
     return float(value)
 
 
-def _poll_readable(conn: socket.socket, budget: float) -> str:
-    """Busy-poll ``conn`` for up to ``budget`` seconds: :data:`READY` once data is waiting.
+def _poll_readable(conn: socket.socket, budget: float) -> tuple[bool, bool]:
+    """Busy-poll ``conn`` for up to ``budget`` seconds: whether data is waiting, and whether the core is contended.
 
     Each round yields the CPU, so a runnable process on the same core (the client,
     on a machine it shares with its workers) is not held up by the poll. A yield that
-    kept this thread off the CPU for over :data:`CONTENDED_YIELD` ends the poll with
-    :data:`CONTENDED` (after one more look at the socket): spinning on a core that
-    others wait for takes their time and makes this thread's own wake-up later. No
-    request within the budget: :data:`QUIET`.
+    kept this thread off the CPU for over :data:`CONTENDED_YIELD` ends the poll after
+    one more look at the socket, and the core counts as contended: spinning on a core
+    that others wait for takes their time and makes this thread's own wake-up later.
     """
     end = time.perf_counter() + budget
     flags = socket.MSG_PEEK | socket.MSG_DONTWAIT
@@ -84,19 +83,17 @@ def _poll_readable(conn: socket.socket, budget: float) -> str:
     contended = False
     while True:
         if tls and cast(ssl.SSLSocket, conn).pending():
-            return READY  # decrypted bytes already buffered
+            return True, contended  # decrypted bytes already buffered
         try:
             socket.socket.recv(conn, 1, flags)  # the raw socket's recv: TLS sockets refuse flags
-            return READY  # a byte waiting, or b"" when the peer closed: the receive finds out which
+            return True, contended  # a byte waiting, or b"" when the peer closed: the receive finds out which
         except BlockingIOError:
             pass
         except OSError:
-            return READY  # let the blocking receive report the error
-        if contended:
-            return CONTENDED
+            return True, contended  # let the blocking receive report the error
         now = time.perf_counter()
-        if now >= end:
-            return QUIET
+        if contended or now >= end:
+            return False, contended
         os.sched_yield()
         contended = time.perf_counter() - now > CONTENDED_YIELD
 
@@ -202,9 +199,9 @@ class ChannelServer:
     polls, poll_hits, polls_contended : int
         How many times a connection busy-polled for its next request, how many of
         those polls found it (the rest ended in a sleep in the kernel), and how many
-        ended early because the core was contended (after which that connection does
-        not poll for :data:`CONTENDED_PAUSE` seconds). Diagnostic counts, added to
-        without a lock.
+        found the core contended (after :data:`CONTENDED_POLLS` such polls in a row,
+        that connection does not poll for :data:`CONTENDED_PAUSE` seconds). Diagnostic
+        counts, added to without a lock.
     """
 
     def __init__(
@@ -438,18 +435,18 @@ class ChannelServer:
         budget, misses, replied = self._busy_poll, _POLL_MISSES, -float("inf")
         me = id(conn)
         only_me = {me}
-        calm_from = 0.0  # no polls before this time (perf_counter), after one found its core contended
+        contended, calm_from = 0, 0.0  # polls in a row on a contended core; no polls before calm_from
         while not self._closed.is_set():
             # polls: quick client, no other hot connection here, not paused for contention
             if misses < _POLL_MISSES and _HOT.issubset(only_me) and (not calm_from or time.perf_counter() >= calm_from):
                 self.polls += 1
-                found = _poll_readable(conn, budget)
-                if found == READY:
-                    self.poll_hits += 1
-                    calm_from = 0.0
-                elif found == CONTENDED:
+                found, busy_core = _poll_readable(conn, budget)
+                self.poll_hits += found
+                contended = contended + 1 if busy_core else 0
+                if busy_core:
                     self.polls_contended += 1
-                    calm_from = time.perf_counter() + CONTENDED_PAUSE
+                calm_from = time.perf_counter() + CONTENDED_PAUSE if contended >= CONTENDED_POLLS else 0.0
+                contended %= CONTENDED_POLLS
             try:
                 request = decode(recv_frames(conn))
             except ProtocolError as e:
