@@ -125,8 +125,8 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         next request is then picked up without waking a sleeping thread, which costs
         tens to hundreds of microseconds per round trip on virtual machines. It spends
         at most this much worker CPU per step, only when one group is stepping in the
-        worker's process, and stops while the client is slow (e.g. during training
-        updates). ``0`` turns it off; it has no effect on the actor transport. When not
+        worker's process, stops while the client is slow (e.g. during training
+        updates) and pauses while the worker's core is contended. ``0`` turns it off; it has no effect on the actor transport. When not
         given, each worker reads its own ``daskvec.busy-poll``.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).

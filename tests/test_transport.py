@@ -577,9 +577,92 @@ SLOW = 2 * BUDGET
 N = 20
 
 
+@pytest.fixture
+def idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polls never judge their core contended (a loaded test machine would make them pause)."""
+    from daskvec.transport import server as server_module
+
+    monkeypatch.setattr(server_module, "CONTENDED_YIELD", float("inf"))
+
+
+@pytest.fixture
+def contended_core(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every ``sched_yield`` keeps its thread off the CPU for 5 ms, as on a core others wait for; their count."""
+    from daskvec.transport import server as server_module
+
+    yields = [0]
+
+    def slow_yield() -> None:
+        yields[0] += 1
+        time.sleep(5 * server_module.CONTENDED_YIELD)
+
+    monkeypatch.setattr(server_module.os, "sched_yield", slow_yield)
+    return yields
+
+
+def test_a_poll_on_a_contended_core_ends_after_one_yield(
+    contended_core: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daskvec.transport import server as server_module
+    from daskvec.transport.server import _poll_readable
+
+    a, b = socket.socketpair()
+    try:
+        # nothing arrives: a budget of 0.1 s would allow about 20 such yields; one is enough to judge
+        assert _poll_readable(a, BUDGET) == (False, True)
+        assert contended_core[0] == 1
+        # the request that came while the thread was off the CPU is still found
+        monkeypatch.setattr(server_module.os, "sched_yield", lambda: (b.send(b"x"), time.sleep(0.005)))
+        assert _poll_readable(a, BUDGET) == (True, True)
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("server", [BUDGET], indirect=True)
-def test_busy_poll_only_while_the_client_is_quick(server: ChannelServer) -> None:
+def test_a_connection_pauses_polling_while_its_core_is_contended(
+    server: ChannelServer, contended_core: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daskvec.transport import server as server_module
+
+    monkeypatch.setattr(server_module, "CONTENDED_PAUSE", 60.0)
+    k = server_module.CONTENDED_POLLS
+    ch = DirectChannel(server.address, TOKEN)
+    _rounds(server, [ch], 2, 0.0)  # quick: the connection would poll before each request
+    polls, hits = _rounds(server, [ch], N, QUICK)
+    # every yield is slow, so every poll finds the core contended; after k of them in a
+    # row the connection stops polling for the rest of the rounds (a poll counted here
+    # may be one that started before them)
+    assert server.polls_contended == k and polls <= k + 1, (polls, hits, server.polls_contended)
+    ch.close()
+    # with no pause, a new connection polls again after each k judgements (not for good)
+    monkeypatch.setattr(server_module, "CONTENDED_PAUSE", 0.0)
+    ch = DirectChannel(server.address, TOKEN)
+    _rounds(server, [ch], 2, 0.0)  # the closed connection is no longer hot; this one is
+    before = server.polls_contended
+    polls, hits = _rounds(server, [ch], N, QUICK)
+    assert server.polls_contended - before >= N // 2, (polls, hits, server.polls_contended - before)
+    ch.close()
+    # a contended poll now and then (a virtual machine's CPU taken away for a moment) is
+    # no contention: with every other poll's yields quick, polling never pauses
+    monkeypatch.setattr(server_module, "CONTENDED_PAUSE", 60.0)
+
+    def slow_in_every_other_poll() -> None:
+        if server.polls % 2:
+            time.sleep(5 * server_module.CONTENDED_YIELD)
+
+    monkeypatch.setattr(server_module.os, "sched_yield", slow_in_every_other_poll)
+    ch = DirectChannel(server.address, TOKEN)
+    _rounds(server, [ch], 2, 0.0)
+    polls, hits = _rounds(server, [ch], N, QUICK)
+    assert polls >= N // 2, (polls, hits)  # half of them end early, without the request
+    ch.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("server", [BUDGET], indirect=True)
+def test_busy_poll_only_while_the_client_is_quick(server: ChannelServer, idle_cores: None) -> None:
     from daskvec.transport.server import _POLL_MISSES
 
     assert server.unix_path is not None
@@ -603,7 +686,7 @@ def test_busy_poll_only_while_the_client_is_quick(server: ChannelServer) -> None
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("server", [0.0], indirect=True)
-def test_no_busy_poll_when_off(server: ChannelServer) -> None:
+def test_no_busy_poll_when_off(server: ChannelServer, idle_cores: None) -> None:
     ch = DirectChannel(server.address, TOKEN)
     assert _rounds(server, [ch], N + 2, QUICK) == (0, 0)
     ch.close()
@@ -620,7 +703,7 @@ def test_no_busy_poll_when_off(server: ChannelServer) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("server", [BUDGET], indirect=True)
-def test_two_quick_connections_do_not_poll(server: ChannelServer) -> None:
+def test_two_quick_connections_do_not_poll(server: ChannelServer, idle_cores: None) -> None:
     # two groups stepping in one process would fight each other for the GIL while polling
     assert server.unix_path is not None
     one = DirectChannel(server.unix_path, TOKEN)

@@ -47,6 +47,18 @@ _HOT: set[int] = set()
 #: busy with something else, e.g. a training update), a connection stops polling until
 #: a request comes quickly again.
 _POLL_MISSES = 8
+#: Seconds a poll's ``sched_yield`` may keep the thread off the CPU before the poll
+#: judges its core contended: other threads were waiting to run there (another
+#: process's env, a training loop, another job on a shared node), so the machine has no
+#: idle core for the poll to spin on. A yield with nothing waiting returns in
+#: microseconds; the client's own step between two requests takes well under this.
+CONTENDED_YIELD = 0.001
+#: Polls in a row that found the core contended before a connection pauses polling (one
+#: alone is no sign: a virtual machine's CPU is sometimes taken away for a moment).
+CONTENDED_POLLS = 4
+#: Seconds a connection waits for its requests in the kernel, without polling, after
+#: :data:`CONTENDED_POLLS` polls in a row found its core contended; then it polls again.
+CONTENDED_PAUSE = 1.0
 
 
 def check_busy_poll(value: Any, name: str = "busy_poll") -> float:
@@ -56,28 +68,34 @@ def check_busy_poll(value: Any, name: str = "busy_poll") -> float:
     return float(value)
 
 
-def _poll_readable(conn: socket.socket, budget: float) -> bool:
-    """Busy-poll ``conn`` for up to ``budget`` seconds; True once data is waiting.
+def _poll_readable(conn: socket.socket, budget: float) -> tuple[bool, bool]:
+    """Busy-poll ``conn`` for up to ``budget`` seconds: whether data is waiting, and whether the core is contended.
 
     Each round yields the CPU, so a runnable process on the same core (the client,
-    on a machine it shares with its workers) is not held up by the poll.
+    on a machine it shares with its workers) is not held up by the poll. A yield that
+    kept this thread off the CPU for over :data:`CONTENDED_YIELD` ends the poll after
+    one more look at the socket, and the core counts as contended: spinning on a core
+    that others wait for takes their time and makes this thread's own wake-up later.
     """
     end = time.perf_counter() + budget
     flags = socket.MSG_PEEK | socket.MSG_DONTWAIT
     tls = isinstance(conn, ssl.SSLSocket)
+    contended = False
     while True:
         if tls and cast(ssl.SSLSocket, conn).pending():
-            return True  # decrypted bytes already buffered
+            return True, contended  # decrypted bytes already buffered
         try:
             socket.socket.recv(conn, 1, flags)  # the raw socket's recv: TLS sockets refuse flags
-            return True  # a byte waiting, or b"" when the peer closed: the receive finds out which
+            return True, contended  # a byte waiting, or b"" when the peer closed: the receive finds out which
         except BlockingIOError:
             pass
         except OSError:
-            return True  # let the blocking receive report the error
-        if time.perf_counter() >= end:
-            return False
+            return True, contended  # let the blocking receive report the error
+        now = time.perf_counter()
+        if contended or now >= end:
+            return False, contended
         os.sched_yield()
+        contended = time.perf_counter() - now > CONTENDED_YIELD
 
 
 #: Longest Unix socket path used; the kernel's limit is 107 bytes on Linux, 103 on macOS.
@@ -146,7 +164,8 @@ class ChannelServer:
         answers within this budget, the request is picked up without the wake-up of a
         sleeping thread, which on virtual machines costs tens to hundreds of
         microseconds per round trip. Only the one fast-stepping connection of a
-        process polls, and it stops while its client is slow.
+        process polls, it stops while its client is slow, and it pauses while the
+        machine has no idle core (a yield of the poll kept it off the CPU).
     ssl_context : ssl.SSLContext or None, optional
         A server-side TLS context (the worker's ``get_listen_args("worker")``): every
         TCP connection must complete a TLS handshake, with a client certificate when
@@ -177,9 +196,11 @@ class ChannelServer:
         out of time, or was pushed out of its slot by newer connections.
     accept_errors : int
         Errors of the accept loop (each followed by a back-off).
-    polls, poll_hits : int
-        How many times a connection busy-polled for its next request, and how many of
-        those polls found it (the rest ended in a sleep in the kernel). Diagnostic
+    polls, poll_hits, polls_contended : int
+        How many times a connection busy-polled for its next request, how many of
+        those polls found it (the rest ended in a sleep in the kernel), and how many
+        found the core contended (after :data:`CONTENDED_POLLS` such polls in a row,
+        that connection does not poll for :data:`CONTENDED_PAUSE` seconds). Diagnostic
         counts, added to without a lock.
     """
 
@@ -218,6 +239,7 @@ class ChannelServer:
         self.accept_errors = 0
         self.polls = 0
         self.poll_hits = 0
+        self.polls_contended = 0
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -413,11 +435,18 @@ class ChannelServer:
         budget, misses, replied = self._busy_poll, _POLL_MISSES, -float("inf")
         me = id(conn)
         only_me = {me}
+        contended, calm_from = 0, 0.0  # polls in a row on a contended core; no polls before calm_from
         while not self._closed.is_set():
-            if misses < _POLL_MISSES and _HOT.issubset(only_me):  # no other hot connection here
+            # polls: quick client, no other hot connection here, not paused for contention
+            if misses < _POLL_MISSES and _HOT.issubset(only_me) and (not calm_from or time.perf_counter() >= calm_from):
                 self.polls += 1
-                if _poll_readable(conn, budget):
-                    self.poll_hits += 1
+                found, busy_core = _poll_readable(conn, budget)
+                self.poll_hits += found
+                contended = contended + 1 if busy_core else 0
+                if busy_core:
+                    self.polls_contended += 1
+                calm_from = time.perf_counter() + CONTENDED_PAUSE if contended >= CONTENDED_POLLS else 0.0
+                contended %= CONTENDED_POLLS
             try:
                 request = decode(recv_frames(conn))
             except ProtocolError as e:
