@@ -126,8 +126,9 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         tens to hundreds of microseconds per round trip on virtual machines. It spends
         at most this much worker CPU per step, only when one group is stepping in the
         worker's process, stops while the client is slow (e.g. during training
-        updates) and pauses while the worker's core is contended. ``0`` turns it off; it has no effect on the actor transport. When not
-        given, each worker reads its own ``daskvec.busy-poll``.
+        updates) and pauses while the worker's core is contended. ``0`` turns it
+        off; it has no effect on the actor transport. When not given, each worker
+        reads its own ``daskvec.busy-poll``.
     timeout : float
         Seconds any single wait may take (creating envs, attribute calls, reset).
     connect_timeout : float
