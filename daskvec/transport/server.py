@@ -439,14 +439,17 @@ class ChannelServer:
         while not self._closed.is_set():
             # polls: quick client, no other hot connection here, not paused for contention
             if misses < _POLL_MISSES and _HOT.issubset(only_me) and (not calm_from or time.perf_counter() >= calm_from):
+                calm_from = 0.0
                 self.polls += 1
                 found, busy_core = _poll_readable(conn, budget)
                 self.poll_hits += found
-                contended = contended + 1 if busy_core else 0
-                if busy_core:
+                if not busy_core:
+                    contended = 0
+                else:
                     self.polls_contended += 1
-                calm_from = time.perf_counter() + CONTENDED_PAUSE if contended >= CONTENDED_POLLS else 0.0
-                contended %= CONTENDED_POLLS
+                    contended += 1
+                    if contended == CONTENDED_POLLS:
+                        contended, calm_from = 0, time.perf_counter() + CONTENDED_PAUSE
             try:
                 request = decode(recv_frames(conn))
             except ProtocolError as e:
