@@ -114,11 +114,9 @@ def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> d
         try:
             actions = np.stack([venvs["head"].action_space.sample() for _ in range(256 * n_envs)])
             actions = actions.reshape(256, n_envs, *actions.shape[1:])
-            for which, venv in venvs.items():
-                if which == "alone":
-                    venv.reset()
-                    continue
-                venv.seed(0)
+            for venv in venvs.values():
+                if "alone" not in venvs:  # EnvPool groups take their seed when they are made
+                    venv.seed(0)
                 venv.reset()
             rows = []
             for r in range(rounds):

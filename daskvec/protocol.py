@@ -323,14 +323,15 @@ class ColumnInfos(dict[int, dict[str, Any]]):
     names : tuple of str
         The info keys, in the order the vector env gave them.
     columns : list of numpy.ndarray
-        One 1-D ``bool``, ``int64`` or ``float64`` array per key, one value per env
-        (values that Python's ``bool``, ``int`` and ``float`` give back exactly).
+        One array per key, a row per env: 1-D ``bool``, ``int64`` or ``float64`` (each
+        env's value a Python ``bool``, ``int`` or ``float``, which hold them exactly), or
+        of more dimensions (each env's value its row, as EnvPool's ``ram``).
     """
 
     __slots__ = ("columns", "names")
 
     def __init__(self, names: tuple[str, ...], columns: list[np.ndarray]) -> None:
-        rows = zip(*(column.tolist() for column in columns), strict=True)
+        rows = zip(*(column.tolist() if column.ndim == 1 else list(column) for column in columns), strict=True)
         super().__init__(enumerate(dict(zip(names, row, strict=True)) for row in rows))
         self.names = names
         self.columns = columns

@@ -126,7 +126,7 @@ _PY_DTYPES = dict(_PY_KINDS.values())
 _PY_KIND_OF_DTYPE = {dtype: kind for kind, dtype in _PY_KINDS.values()}
 #: Caches of :func:`_given_columns`: the kinds of a tuple of column dtypes, an all-ones
 #: "present" array per env count (never written: the encoder only reads it).
-_KINDS_OF_DTYPES: dict[tuple[np.dtype[Any], ...], bytes] = {}
+_KINDS_OF_DTYPES: dict[tuple[tuple[np.dtype[Any], bool], ...], bytes] = {}
 _ALL_PRESENT: dict[int, np.ndarray] = {}
 _NUMPY_KIND = ord("n")
 _ARRAY_KIND = ord("a")
@@ -200,15 +200,20 @@ def _schema(keys: tuple[str, ...], kinds: bytes) -> bytes | None:
 def _given_columns(infos: ColumnInfos, n: int) -> tuple[bytes, np.ndarray, list[np.ndarray]] | None:
     """:func:`_info_columns` of a vector group's :class:`~daskvec.protocol.ColumnInfos`: its own columns."""
     keys, columns = infos.names, infos.columns
-    if len(keys) > 255 or len(infos) != n or any(c.shape != (n,) for c in columns):
+    if len(keys) > 255 or len(infos) != n or any(c.ndim == 0 or len(c) != n for c in columns):
         return None
-    kinds = _KINDS_OF_DTYPES.get(tuple(c.dtype for c in columns))
+    layout = tuple((c.dtype, c.ndim == 1) for c in columns)
+    kinds = _KINDS_OF_DTYPES.get(layout)
     if kinds is None:
-        try:
-            kinds = bytes(_PY_KIND_OF_DTYPE[c.dtype] for c in columns)
-        except KeyError:  # not one of the three Python kinds' dtypes
-            return None
-        _remember(_KINDS_OF_DTYPES, tuple(c.dtype for c in columns), kinds)
+        found = bytearray()
+        for dtype, scalars in layout:
+            if scalars and dtype in _PY_KIND_OF_DTYPE:
+                found.append(_PY_KIND_OF_DTYPE[dtype])
+            elif not scalars and dtype.kind in "biuf" and dtype.isnative:
+                found.append(_ARRAY_KIND)  # each env's row (EnvPool's ram)
+            else:
+                return None
+        kinds = _remember(_KINDS_OF_DTYPES, layout, bytes(found))
     schema = _schema(keys, kinds)
     if schema is None:
         return None

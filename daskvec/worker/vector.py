@@ -143,22 +143,24 @@ def column_infos(infos: dict[str, Any], n: int, skip: frozenset[str] = frozenset
 
     What ``{i: env_info(infos, i, skip) for i in range(n)}`` gives, built from the columns
     (a tenth of the time for 64 envs); None where that does not apply: a nested dict
-    (``final_info``), a column of objects or of other rows, a mask that leaves an env
-    out, an unsigned 64-bit column, or no keys at all.
+    (``final_info``), a column of objects, a mask that leaves an env out, an unsigned
+    64-bit column, or no keys at all. A column of rows (EnvPool's ``ram``) gives each env
+    its row, as ``env_info`` does.
     """
     names, columns = [], []
     for key, value in infos.items():
         if key in skip or (key.startswith("_") and key[1:] in infos):
             continue
-        if type(value) is not np.ndarray or value.shape != (n,) or value.dtype.kind not in _COLUMN_DTYPES:
+        if type(value) is not np.ndarray or value.ndim == 0 or len(value) != n:
             return None
-        if value.dtype.kind == "u" and value.dtype.itemsize == 8:
-            return None  # beyond int64
+        kind = value.dtype.kind
+        if kind not in _COLUMN_DTYPES or not value.dtype.isnative or (kind == "u" and value.dtype.itemsize == 8):
+            return None  # objects, strings, a byte order the wire does not keep, or beyond int64
         mask = infos.get(f"_{key}")
         if mask is not None and not np.all(mask):
             return None
         names.append(key)
-        columns.append(value.astype(_COLUMN_DTYPES[value.dtype.kind], copy=False))
+        columns.append(value.astype(_COLUMN_DTYPES[kind], copy=False) if value.ndim == 1 else value)
     return ColumnInfos(tuple(names), columns) if names else None
 
 
