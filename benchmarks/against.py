@@ -11,7 +11,11 @@ env-steps/s per round and the ratio this checkout / base, with the median.
 
 The scenarios are ``daskvec bench``'s stepping cases (``light``: CartPole-v1;
 ``heavy``: a busy-loop env of 1 ms of CPU a step), built by this checkout's
-``daskvec.bench.scenarios``, so both versions step the same envs. The earlier copy
+``daskvec.bench.scenarios``, so both versions step the same envs; and the EnvPool
+groups of issue 22 (``envpool-mujoco``: HalfCheetah-v5, ``envpool-atari``: Pong-v5),
+one ``from_vector_envs`` group of ``--envs`` envs with a thread per core, as ``daskvec
+bench``'s ``dask-envpool``, with EnvPool alone (the same threads, its Gymnasium API)
+timed in the same rounds: ``of_alone`` is each version's rate over EnvPool's. The earlier copy
 adds no dashboard page (two copies would register the same Prometheus series); the
 page is not on the step path.
 """
@@ -78,35 +82,58 @@ def load_base(name: str, where: Path) -> Any:
     return importlib.import_module(name).DaskVecEnv
 
 
-def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> dict[str, Any]:
-    """Alternate this checkout's DaskVecEnv and ``base``'s for ``rounds`` rounds; the rates and ratios."""
+#: The EnvPool scenarios: their EnvPool task.
+ENVPOOL_TASKS = {"envpool-mujoco": "HalfCheetah-v5", "envpool-atari": "Pong-v5"}
+
+
+def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
+    """The vec envs one round times: ``base``'s and this checkout's (and EnvPool alone)."""
+    import functools
+    import os
+
     from daskvec import DaskVecEnv
+    from daskvec.bench.envs import make_envpool
     from daskvec.bench.scenarios import Options, _cases
 
-    (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
+    task = ENVPOOL_TASKS.get(scenario)
+    if task is None:
+        (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
+        fns = [case.make] * n_envs
+        return {"base": base_cls(fns), "head": DaskVecEnv(fns)}
+    threads = len(os.sched_getaffinity(0))
+    fn = functools.partial(make_envpool, task, n_envs, 0, threads)
+    return {"base": base_cls.from_vector_envs([fn]), "head": DaskVecEnv.from_vector_envs([fn]), "alone": fn()}
+
+
+def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> dict[str, Any]:
+    """Alternate this checkout's DaskVecEnv and ``base``'s for ``rounds`` rounds; the rates and ratios."""
     with tempfile.TemporaryDirectory(prefix="daskvec-base-") as tmp:
         name = materialize(base, Path(tmp))
         base_cls = load_base(name, Path(tmp))
-        fns = [case.make] * n_envs
-        venvs = {"base": base_cls(fns), "head": DaskVecEnv(fns)}
+        venvs = _vec_envs(base_cls, scenario, n_envs)
         try:
             actions = np.stack([venvs["head"].action_space.sample() for _ in range(256 * n_envs)])
             actions = actions.reshape(256, n_envs, *actions.shape[1:])
             for venv in venvs.values():
-                venv.seed(0)
+                if "alone" not in venvs:  # EnvPool groups take their seed when they are made
+                    venv.seed(0)
                 venv.reset()
             rows = []
             for r in range(rounds):
                 got = {}
-                for which in ("base", "head") if r % 2 == 0 else ("head", "base"):
+                order = list(venvs) if r % 2 == 0 else list(venvs)[::-1]
+                for which in order:
                     got[which] = rate(venvs[which], actions, seconds, warmup=20)
-                rows.append({"round": r, **got, "ratio": got["head"] / got["base"]})
-                logger.info("%s-%d round %d: base %.0f, head %.0f env-steps/s, ratio %.3f",
-                            scenario, n_envs, r, got["base"], got["head"], rows[-1]["ratio"])  # fmt: skip
+                row: dict[str, Any] = {"round": r, **got, "ratio": got["head"] / got["base"]}
+                if "alone" in got:
+                    row["of_alone"] = {k: got[k] / got["alone"] for k in ("base", "head")}
+                rows.append(row)
+                logger.info("%s-%d round %d: %s env-steps/s, ratio %.3f", scenario, n_envs, r,
+                            ", ".join(f"{k} {v:.0f}" for k, v in got.items()), row["ratio"])  # fmt: skip
         finally:
             for venv in venvs.values():
                 venv.close()
-    return {
+    result = {
         "base": base,
         "base_copy": name,
         "scenario": scenario,
@@ -115,13 +142,16 @@ def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> d
         "rounds": rows,
         "median_ratio": statistics.median(row["ratio"] for row in rows),
     }
+    if "alone" in venvs:
+        result["median_of_alone"] = {k: statistics.median(row["of_alone"][k] for row in rows) for k in ("base", "head")}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit to compare with (any git revision)")
-    parser.add_argument("--scenario", choices=("light", "heavy"), nargs="+", default=["light", "heavy"])
+    parser.add_argument("--scenario", choices=("light", "heavy", *ENVPOOL_TASKS), nargs="+", default=["light", "heavy"])
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=1.5)
@@ -135,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [run(args.base, s, args.envs, args.rounds, args.seconds) for s in args.scenario]
     for result in results:
         logger.info("%s-%d: median ratio head/base %.3f", result["scenario"], result["n_envs"], result["median_ratio"])
+        if "median_of_alone" in result:
+            logger.info("  of EnvPool alone, medians: base %.3f, head %.3f", *result["median_of_alone"].values())
     write_json(results, args.out)
     return 0
 

@@ -32,6 +32,7 @@ __all__ = [
     "INFO_KEY",
     "MASK_METHOD",
     "Autoreset",
+    "ColumnInfos",
     "Command",
     "GroupDesc",
     "GroupSpec",
@@ -306,6 +307,45 @@ class _ReadOnlyEmpty(dict[Any, Any]):
         return dict, ()  # a copy elsewhere is an ordinary empty dict
 
 
+class ColumnInfos(dict[int, dict[str, Any]]):
+    """Every env's info of a vector env's step, built from its batched columns.
+
+    To every reader it is what :attr:`StepReply.infos` always is: a dict by position of
+    each env's info (here every env has one, with the same keys). It also keeps the
+    columns it was built from, so the compact step reply
+    (:func:`daskvec.transport.encode`) sends them as they are instead of walking 64
+    rows back into columns. The worker's vector groups build it
+    (:class:`daskvec.worker.VectorEnvs`); like :data:`EMPTY` it refuses to be changed, so
+    its rows and columns cannot disagree. A pickle of it is a plain dict.
+
+    Parameters
+    ----------
+    names : tuple of str
+        The info keys, in the order the vector env gave them.
+    columns : list of numpy.ndarray
+        One array per key, a row per env: 1-D ``bool``, ``int64`` or ``float64`` (each
+        env's value a Python ``bool``, ``int`` or ``float``, which hold them exactly), or
+        of more dimensions (each env's value its row, as EnvPool's ``ram``).
+    """
+
+    __slots__ = ("columns", "names")
+
+    def __init__(self, names: tuple[str, ...], columns: list[np.ndarray]) -> None:
+        rows = zip(*(column.tolist() if column.ndim == 1 else list(column) for column in columns), strict=True)
+        super().__init__(enumerate(dict(zip(names, row, strict=True)) for row in rows))
+        self.names = names
+        self.columns = columns
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("daskvec internal error: a step's column infos are read-only (copy them with dict())")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    setdefault = update = pop = popitem = clear = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self),)
+
+
 #: The one empty mapping that every client-side reply without entries shares, in place of
 #: fresh empty dicts (a quiet step reply has four sparse columns, all empty). Readers only
 #: read a reply's columns; filling this one raises ``TypeError`` instead of leaking into
@@ -334,7 +374,8 @@ class StepReply:
         By position in the group: the last observation of each episode that ended in
         this step (before the automatic reset).
     infos : dict of int to dict
-        By position: the info dict an env returned, where it was not empty.
+        By position: the info dict an env returned, where it was not empty (a
+        :class:`ColumnInfos` when a vector group's envs all had the same numeric keys).
     reset_infos : dict of int to dict
         By position: the reset info of every env reset after its episode ended.
     restarted : dict of int to dict

@@ -584,6 +584,21 @@ def test_against_a_commit_alternates_both_versions_in_one_process(tmp_path: Path
     assert res["base_copy"].startswith("daskvec_") and res["base_copy"] in sys.modules
 
 
+@pytest.mark.timeout(240)
+def test_against_a_commit_on_envpool_groups_times_envpool_alone_too() -> None:
+    """The EnvPool scenario of ``benchmarks/against.py``: both versions' groups and EnvPool alone in each round."""
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs a git checkout of daskvec")
+    pytest.importorskip("envpool", reason="envpool is not installed (pip install envpool)")
+    from benchmarks.against import run
+
+    res = run("HEAD", "envpool-mujoco", n_envs=4, rounds=2, seconds=0.2)
+    for row in res["rounds"]:
+        assert set(row) == {"round", "base", "head", "alone", "ratio", "of_alone"}
+        assert row["of_alone"]["head"] == pytest.approx(row["head"] / row["alone"])
+    assert set(res["median_of_alone"]) == {"base", "head"}
+
+
 def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict[str, Any]:
     def fig(steps: float, per_collection: float) -> dict[str, Any]:
         return {"steps_per_s": steps, "step_waits_per_collection": per_collection, "collect_s": 1.0, "train_s": 2.0}

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from waiting import wait_until
 
-from daskvec.protocol import EMPTY, Command, GroupSpec, RemoteError, StepReply
+from daskvec.protocol import EMPTY, ColumnInfos, Command, GroupSpec, RemoteError, StepReply
 from daskvec.rollout_protocol import RolloutReply
 from daskvec.transport import (
     ChannelError,
@@ -224,6 +224,26 @@ def test_scalar_infos_travel_as_columns_and_come_back_exact() -> None:
             assert "added" not in again.infos[at[0]]
             rows = [v for p in at for v in got.infos[p].values() if isinstance(v, np.ndarray)]
             assert all(v.base is None and v.flags.writeable for v in rows), "an env's info array is not its own"
+
+
+def test_a_vector_groups_column_infos_travel_as_their_own_columns() -> None:
+    """The columns a vector group's infos were built from are sent as they are: the bytes the rows would give."""
+    n = 6
+    columns = [np.arange(n, dtype="<i8"), np.linspace(0, 1, n), np.arange(n) % 2 == 0, np.ones((n, 3), np.uint8)]
+    infos = ColumnInfos(("steps", "x-é", "ok", "ram"), columns)
+    frames, rows = encode(info_reply(infos, n)), encode(info_reply(dict(infos), n))
+    assert memoryview(frames[1])[0] == 0x06, "not sent as columns"
+    assert wire(frames) == wire(rows)
+    assert same(decode(wire(frames)), info_reply(dict(infos), n))
+    # columns of a dtype that is none of Python's three kinds', or of another length: a pickle, still exact
+    for odd in (
+        ColumnInfos(("x",), [np.linspace(0, 1, n, dtype=np.float32)]),
+        ColumnInfos(("x",), [np.ones(n - 1)]),
+        ColumnInfos(("ram",), [np.ones((n, 2), dtype=">i4")]),
+    ):
+        frames = encode(info_reply(odd, n))
+        assert memoryview(frames[1])[0] == 0x80
+        assert same(decode(wire(frames)), info_reply(dict(odd), n))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import pickle
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +25,10 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from daskvec import DaskVecEnv
-from daskvec.protocol import INFO_KEY, Autoreset, restart_seed
+from daskvec.protocol import INFO_KEY, Autoreset, ColumnInfos, restart_seed
 from daskvec.recovery import check_plan, plan_rebalance
 from daskvec.vector_env import DaskVectorEnv
-from daskvec.worker.vector import VectorEnvs, env_info
+from daskvec.worker.vector import _ENVPOOL_BOOKKEEPING, VectorEnvs, column_infos, env_info
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 needs_envpool = pytest.mark.skipif(not HAVE_ENVPOOL, reason="envpool is not installed (pip install envpool)")
@@ -317,6 +318,83 @@ def test_env_info_inverts_gymnasiums_batching() -> None:
     vec.close()
 
 
+def _batched(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``rows`` batched as Gymnasium's ``SyncVectorEnv`` batches its envs' infos (``_key`` masks)."""
+    infos: dict[str, Any] = {}
+    vec = SyncVectorEnv([lambda: CountingEnv()] * len(rows))
+    for i, info in enumerate(rows):
+        infos = vec._add_info(infos, info, i)
+    vec.close()
+    return infos
+
+
+class _NumberedResets(CountingEnv):
+    """A CountingEnv whose reset info is a number (as the step's is), so the two could be confused."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.resets = getattr(self, "resets", 0) + 1
+        obs, _ = super().reset(seed=seed, options=options)
+        return obs, {"resets": self.resets}
+
+
+def test_column_infos_are_every_envs_env_info() -> None:
+    """Numeric columns become every env's info at once: what env_info gives env by env, types and key order too."""
+    n = 5
+    rng = np.random.default_rng(3)
+    envpool_like = {
+        "env_id": np.arange(n, dtype=np.int32),
+        "players": {"env_id": np.arange(n, dtype=np.int32)},
+        "elapsed_step": rng.integers(0, 1000, n).astype(np.int32),
+        "reward_run": rng.standard_normal(n),
+        "small": rng.standard_normal(n).astype(np.float32),
+        "lives": rng.integers(0, 5, n).astype(np.uint8),
+        "ok": rng.random(n) < 0.5,
+        "ram": rng.integers(0, 255, (n, 8)).astype(np.uint8),  # a row per env
+    }
+    for infos, skip in [
+        (envpool_like, _ENVPOOL_BOOKKEEPING),
+        (_batched([{"t": i, "x": 0.5 * i, "b": i % 2 == 0} for i in range(n)]), frozenset()),  # masks all set
+    ]:
+        got = column_infos(infos, n, skip)
+        want = {i: env_info(infos, i, skip) for i in range(n)}
+        assert type(got) is ColumnInfos and list(got) == list(want)
+        for i in range(n):
+            assert [(k, type(v)) for k, v in got[i].items()] == [(k, type(v)) for k, v in want[i].items()]
+            for k, v in got[i].items():
+                np.testing.assert_array_equal(v, want[i][k])
+    # what columns cannot say: None, and the group builds each env's info alone
+    for bad in [
+        _batched([{"t": 1}, {}, {"t": 3}, {"t": 4}, {"t": 5}]),  # an env without the key
+        {"d": {"x": np.ones(n)}},  # nested (final_info)
+        {"s": np.array(list("abcde"), dtype=object)},
+        {"ram": np.zeros((n, 4), dtype=">f8")},  # a byte order the wire does not keep
+        {"big": np.array([1, 2, 3, 4, 2**63], dtype=np.uint64)},  # beyond int64
+        {"t": np.ones(n + 1)},  # not one per env
+        {"t": [1] * n},  # not an array
+        {},
+    ]:
+        assert column_infos(bad, n) is None, bad
+    # a vector group's step takes them when they apply, and each env's info alone when not
+    sync = SyncVectorEnv([functools.partial(_NumberedResets, horizon=3)] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    vec = VectorEnvs(sync, Autoreset.SAME_STEP)
+    vec.reset([None, None], [None, None])
+    out = vec.step(np.array([1, 0]))
+    assert type(out.infos) is ColumnInfos and out.infos == {0: {"t": 1}, 1: {"t": 1}}
+    vec.step(np.array([1, 0]))
+    out = vec.step(np.array([1, 0]))  # both episodes end: their infos are in final_info, per env
+    assert type(out.infos) is dict and out.infos == {0: {"t": 3}, 1: {"t": 3}} and set(out.final_obs) == {0, 1}
+    assert out.reset_infos == {0: {"resets": 2}, 1: {"resets": 2}}
+    sync.close()
+    # read-only, so its rows and its columns agree; a pickle of it is a plain dict
+    got = column_infos(envpool_like, n, _ENVPOOL_BOOKKEEPING)
+    assert got is not None
+    for change in (lambda: got.__setitem__(0, {}), lambda: got.pop(0), lambda: got.update({}), got.clear):
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    again = pickle.loads(pickle.dumps(got))
+    assert type(again) is dict and list(again) == list(got) and again[1]["elapsed_step"] == got[1]["elapsed_step"]
+
+
 def test_modes_that_cannot_be_served_are_refused_with_the_mode_to_use() -> None:
     vec = SyncVectorEnv([lambda: CountingEnv()] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
     with pytest.raises(ValueError, match=r"AutoresetMode.NEXT_STEP"):
@@ -340,6 +418,10 @@ def envpool_fn(task: str, n: int, seed: int) -> Callable[[], Any]:
     return make
 
 
+#: The keys SB3's face adds to an env's own info.
+SB3_KEYS = ("TimeLimit.truncated", "terminal_observation")
+
+
 @needs_envpool
 @pytest.mark.timeout(180)
 def test_envpool_groups_keep_sb3_semantics(client2: Any) -> None:
@@ -361,9 +443,12 @@ def test_envpool_groups_keep_sb3_semantics(client2: Any) -> None:
             obs, rewards, dones, infos = env.step(actions)
             for k, ref in enumerate(refs):
                 rows = slice(3 * k, 3 * k + 3)
-                want, rew, term, trunc, _ = ref.step(actions[rows])
+                want, rew, term, trunc, ref_infos = ref.step(actions[rows])
                 np.testing.assert_array_equal(dones[rows], term | trunc, err_msg=f"step {t}")
                 np.testing.assert_allclose(rewards[rows], rew)
+                for i in range(3):  # EnvPool's own infos, env by env (the group sends them as columns)
+                    own = {k: v for k, v in infos[3 * k + i].items() if k not in SB3_KEYS}
+                    assert own == env_info(ref_infos, i, _ENVPOOL_BOOKKEEPING), f"step {t}, env {3 * k + i}"
                 for i in np.flatnonzero(term | trunc):
                     info = infos[3 * k + i]
                     np.testing.assert_allclose(info["terminal_observation"], want[i])

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 import cloudpickle
 import numpy as np
 
-from daskvec.protocol import EMPTY, RemoteError, StepReply
+from daskvec.protocol import EMPTY, ColumnInfos, RemoteError, StepReply
 from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter
 from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
 
@@ -123,6 +123,11 @@ _PY_KINDS: dict[type, tuple[int, np.dtype[Any]]] = {
     float: (ord("f"), np.dtype("<f8")),
 }
 _PY_DTYPES = dict(_PY_KINDS.values())
+_PY_KIND_OF_DTYPE = {dtype: kind for kind, dtype in _PY_KINDS.values()}
+#: Caches of :func:`_given_columns`: the kinds of a tuple of column dtypes, an all-ones
+#: "present" array per env count (never written: the encoder only reads it).
+_KINDS_OF_DTYPES: dict[tuple[tuple[np.dtype[Any], bool], ...], bytes] = {}
+_ALL_PRESENT: dict[int, np.ndarray] = {}
 _NUMPY_KIND = ord("n")
 _ARRAY_KIND = ord("a")
 
@@ -168,7 +173,17 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
         except OverflowError:  # a Python int beyond int64
             return None
         kinds.append(kind)
-    cache_key = (keys, bytes(kinds))
+    schema = _schema(keys, bytes(kinds))
+    if schema is None:
+        return None
+    present = np.zeros(n, dtype=np.uint8)
+    present[positions] = 1
+    return schema, present, columns
+
+
+def _schema(keys: tuple[str, ...], kinds: bytes) -> bytes | None:
+    """The encoded schema of info columns ``keys`` of ``kinds``, or None if it is too long to send."""
+    cache_key = (keys, kinds)
     schema = _SCHEMA_OUT.get(cache_key)
     if schema is None:
         encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
@@ -177,10 +192,34 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
         schema = _remember(
             _SCHEMA_OUT,
             cache_key,
-            b"".join([bytes([len(keys)]), bytes(kinds)] + [_SCHEMA_HEAD.pack(len(b)) + b for b in encoded]),
+            b"".join([bytes([len(keys)]), kinds] + [_SCHEMA_HEAD.pack(len(b)) + b for b in encoded]),
         )
-    present = np.zeros(n, dtype=np.uint8)
-    present[positions] = 1
+    return schema
+
+
+def _given_columns(infos: ColumnInfos, n: int) -> tuple[bytes, np.ndarray, list[np.ndarray]] | None:
+    """:func:`_info_columns` of a vector group's :class:`~daskvec.protocol.ColumnInfos`: its own columns."""
+    keys, columns = infos.names, infos.columns
+    if len(keys) > 255 or len(infos) != n or any(c.ndim == 0 or len(c) != n for c in columns):
+        return None
+    layout = tuple((c.dtype, c.ndim == 1) for c in columns)
+    kinds = _KINDS_OF_DTYPES.get(layout)
+    if kinds is None:
+        found = bytearray()
+        for dtype, scalars in layout:
+            if scalars and dtype in _PY_KIND_OF_DTYPE:
+                found.append(_PY_KIND_OF_DTYPE[dtype])
+            elif not scalars and dtype.kind in "biuf" and dtype.isnative:
+                found.append(_ARRAY_KIND)  # each env's row (EnvPool's ram)
+            else:
+                return None
+        kinds = _remember(_KINDS_OF_DTYPES, layout, bytes(found))
+    schema = _schema(keys, kinds)
+    if schema is None:
+        return None
+    present = _ALL_PRESENT.get(n)
+    if present is None:
+        present = _remember(_ALL_PRESENT, n, np.ones(n, dtype=np.uint8))
     return schema, present, columns
 
 
@@ -328,7 +367,10 @@ def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[b
     obs, rewards, terminated, truncated = reply.obs, reply.rewards, reply.terminated, reply.truncated
     if reply.restarted or any(reply.reset_infos.values()):
         return None
-    infos = _info_columns(reply.infos, len(rewards)) if reply.infos else None
+    if type(reply.infos) is ColumnInfos:
+        infos = _given_columns(reply.infos, len(rewards))
+    else:
+        infos = _info_columns(reply.infos, len(rewards)) if reply.infos else None
     if reply.infos and infos is None:
         return None
     masks = reply.masks

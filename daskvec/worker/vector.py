@@ -40,11 +40,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import Autoreset
+from daskvec.protocol import Autoreset, ColumnInfos
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VectorEnvs", "VectorSlot", "VectorStep", "env_info"]
+__all__ = ["VectorEnvs", "VectorSlot", "VectorStep", "column_infos", "env_info"]
 
 #: The vector env's own resets, as :class:`VectorEnvs` tells them apart.
 _SAME, _NEXT, _DISABLED, _ENVPOOL = "SameStep", "NextStep", "Disabled", "EnvPool"
@@ -131,6 +131,37 @@ def env_info(infos: dict[str, Any], i: int, skip: frozenset[str] = frozenset()) 
         else:
             out[key] = value[i]
     return out
+
+
+#: Column dtypes whose values Python's ``bool``, ``int`` and ``float`` hold exactly, and the
+#: dtype each is sent as (see :class:`~daskvec.protocol.ColumnInfos`).
+_COLUMN_DTYPES = {"b": np.dtype(np.bool_), "i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8")}
+
+
+def column_infos(infos: dict[str, Any], n: int, skip: frozenset[str] = frozenset()) -> ColumnInfos | None:
+    """Every env's info at once, when each key of ``infos`` is a numeric column for all ``n`` envs.
+
+    What ``{i: env_info(infos, i, skip) for i in range(n)}`` gives, built from the columns
+    (a tenth of the time for 64 envs); None where that does not apply: a nested dict
+    (``final_info``), a column of objects, a mask that leaves an env out, an unsigned
+    64-bit column, or no keys at all. A column of rows (EnvPool's ``ram``) gives each env
+    its row, as ``env_info`` does.
+    """
+    names, columns = [], []
+    for key, value in infos.items():
+        if key in skip or (key.startswith("_") and key[1:] in infos):
+            continue
+        if type(value) is not np.ndarray or value.ndim == 0 or len(value) != n:
+            return None
+        kind = value.dtype.kind
+        if kind not in _COLUMN_DTYPES or not value.dtype.isnative or (kind == "u" and value.dtype.itemsize == 8):
+            return None  # objects, strings, a byte order the wire does not keep, or beyond int64
+        mask = infos.get(f"_{key}")
+        if mask is not None and not np.all(mask):
+            return None
+        names.append(key)
+        columns.append(value.astype(_COLUMN_DTYPES[kind], copy=False) if value.ndim == 1 else value)
+    return ColumnInfos(tuple(names), columns) if names else None
 
 
 def _rows(obs: Any, idx: np.ndarray) -> Any:
@@ -269,6 +300,11 @@ class VectorEnvs:
         """A ``SAME_STEP`` vector env: the step's infos of finished envs are in ``final_info``."""
         final_obs, final_info = infos.get("final_obs"), infos.get("final_info", {})
         rest = {k: v for k, v in infos.items() if k not in ("final_obs", "_final_obs", "final_info", "_final_info")}
+        if not done.any():  # no episode ended: every env's info is in the columns
+            columns = column_infos(rest, self.n, self.skip)
+            if columns is not None:
+                out.infos = columns
+                return
         for i in range(self.n):
             info = env_info(rest, i, self.skip)
             if done[i]:
@@ -281,6 +317,10 @@ class VectorEnvs:
                 out.infos[i] = info
 
     def _infos(self, infos: dict[str, Any], positions: Sequence[int] | range) -> dict[int, dict[str, Any]]:
+        if positions == range(self.n):
+            columns = column_infos(infos, self.n, self.skip)
+            if columns is not None:
+                return columns
         out = {}
         for i in positions:
             info = env_info(infos, i, self.skip)
