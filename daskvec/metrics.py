@@ -70,6 +70,13 @@ class GroupStats:
         self.latencies: deque[float] = deque(maxlen=_WINDOW)
         self.returns: deque[float] = deque(maxlen=100)
         self._rate_marks: deque[tuple[float, int]] = deque(maxlen=256)
+        #: ``time.monotonic()`` when the step of the envs in progress began; None between steps.
+        self.busy_since: float | None = None
+
+    def busy_for(self) -> float:
+        """Seconds the step of the envs in progress has taken so far (0 between steps)."""
+        since = self.busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def record_step(self, n_envs: int, seconds: float) -> None:
         """Record one group step call of ``n_envs`` envs that took ``seconds``."""

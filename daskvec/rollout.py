@@ -338,19 +338,21 @@ def _run(
 
 
 def _await_fragments(engine: Engine, timeout: float) -> float:
-    """Wait until every fragment is in, or those missing are all on frozen workers; the time left for them.
+    """Wait until every fragment is in, or those missing are all frozen or hung; the time left for them.
 
     A rollout may take ``timeout`` (``step_timeout * n_steps``: hours, with the
-    defaults) on a healthy worker, so its reply alone cannot say when a worker froze.
-    While fragments are missing, the workers they are on are checked every few
-    seconds: one that has sent the scheduler no heartbeat for ``step_timeout``
-    (:class:`~daskvec.directory.HeartbeatWatch`) is frozen, and once every missing
-    fragment is on such a worker, nothing more is waited for (0 is returned: the
-    collection reads what is in and times out the rest). Nothing is read here.
+    defaults) on a healthy worker, so its reply alone cannot say when a worker froze or
+    an env hung. While fragments are missing, they are checked every few seconds: a
+    worker that has sent the scheduler no heartbeat for ``step_timeout``
+    (:class:`~daskvec.directory.HeartbeatWatch`) is frozen, and a group on a live worker
+    whose envs have been in one step for ``step_timeout`` (:class:`HungWatch`) hangs.
+    Once every missing fragment is of such a worker or group, nothing more is waited for
+    (0 is returned: the collection reads what is in and times out the rest, which are
+    rebuilt as a step's hung groups are). Nothing is read here.
     """
     assert engine.pool is not None
     step_timeout = engine.options.step_timeout
-    watch = HeartbeatWatch(engine.directory, quiet=step_timeout)
+    watch, hung = HeartbeatWatch(engine.directory, quiet=step_timeout), HungWatch(step_timeout)
     look = min(max(step_timeout / 4, _LOOK_MIN), _LOOK_MAX)
     deadline = time.monotonic() + timeout
     while True:
@@ -360,10 +362,51 @@ def _await_fragments(engine: Engine, timeout: float) -> float:
             return max(deadline - time.monotonic(), 0.0)
         workers = {g.worker for g in missing}
         frozen = watch.silent(workers)
-        if workers <= frozen:
-            many = len(workers) > 1
-            logger.warning(
-                "worker%s %s sent no heartbeat for %.3gs or more while collecting a rollout: giving up on %s fragments",
-                "s" if many else "", ", ".join(sorted(workers)), step_timeout, "their" if many else "its",
-            )  # fmt: skip
+        stuck = hung.hung([g for g in missing if g.worker not in frozen])
+        if all(g.worker in frozen or g in stuck for g in missing):
+            if frozen:
+                logger.warning(
+                    "worker%s %s sent no heartbeat for %.3gs or more while collecting a rollout: giving up on %s "
+                    "fragments", "s" if len(frozen) > 1 else "", ", ".join(sorted(frozen)), step_timeout,
+                    "their" if len(frozen) > 1 else "its",
+                )  # fmt: skip
+            for g in stuck:
+                logger.warning(
+                    "envs %s on %s have been in one step for %.3gs or more (step_timeout) while collecting a "
+                    "rollout: giving up on their fragment", g.env_indices, g.worker, step_timeout,
+                )  # fmt: skip
             return 0.0
+
+
+class HungWatch:
+    """Which groups have been inside one step of their envs for ``quiet`` seconds: an env that hangs.
+
+    Asked of each group's actor (``EnvGroup.busy_for``), which answers from the actor's
+    thread while the group's channel thread runs the rollout. Never waits: a question
+    is read at the next call, and a group whose actor cannot answer (its worker frozen
+    or gone, an ``env_process`` group, the actor transport, whose one thread is the one
+    that steps) is not judged.
+    """
+
+    def __init__(self, quiet: float) -> None:
+        self.quiet = quiet
+        self._asked: dict[str, Any] = {}
+
+    def hung(self, groups: Sequence[Group]) -> set[Group]:
+        """Those of ``groups`` whose last answer said they have been in one step for ``quiet`` seconds."""
+        out = set()
+        for g in groups:
+            asked = self._asked.get(g.gid)
+            if asked is not None and not asked.done():
+                continue
+            try:
+                if asked is not None and float(asked.result(timeout=1.0)) >= self.quiet:
+                    out.add(g)
+                    continue  # hung is for good: no need to ask again
+            except Exception:  # the actor could not answer: not judged
+                logger.debug("no answer from %s on whether its envs hang", g.gid, exc_info=True)
+            try:
+                self._asked[g.gid] = g.actor.busy_for()
+            except Exception:  # an actor without busy_for (an EnvHost), or its worker gone
+                self._asked.pop(g.gid, None)
+        return out

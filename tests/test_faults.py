@@ -1014,6 +1014,60 @@ def test_a_worker_lost_during_a_call_or_a_reset_leaves_the_other_envs_done_once(
 
 
 @pytest.mark.timeout(300)
+def test_an_env_hung_in_a_live_worker_during_a_worker_side_rollout_costs_about_step_timeout(
+    dask_processes: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An env that hangs inside ``step`` while its worker lives on (heartbeats and all) stalled a
+    rollout for ``step_timeout * n_steps`` (here 2 s x 512: 17 min; 34 hours with the defaults).
+    Its group now says, from the actor's thread, how long its envs have been in one step: after
+    about ``step_timeout`` the rollout gives up on that fragment, and its envs are rebuilt and
+    reported as timeouts while the other worker's fragment is kept."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from daskvec.sb3 import DaskPPO
+
+    procs = dask_processes(2)
+    flag = str(tmp_path / "hung")
+    fns = [functools.partial(FreezingEnv, flag, freeze_at=10**9)] * 2 + [functools.partial(CountingEnv, 1000)] * 2
+    env = DaskVecEnv(fns, client=procs.address, envs_per_actor=2, step_timeout=2.0, timeout=60)
+    assert len({g["worker"] for g in env.groups}) == 2
+
+    class HangOnSecondRollout(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rollouts = 0
+            self.started = 0.0
+            self.collected: float | None = None
+            self.markers: dict[int, dict[str, Any]] = {}
+
+        def _on_rollout_start(self) -> None:
+            self.rollouts += 1
+            if self.rollouts == 2:  # env 0's third step from here hangs (its rebuilt self sees the flag)
+                (done,) = self.training_env.get_attr("total_steps", indices=[0])
+                self.training_env.set_attr("freeze_at", done + 3, indices=[0])
+                self.started = time.monotonic()
+
+        def _on_step(self) -> bool:
+            if self.rollouts == 2 and self.collected is None:  # the rollout is in: its steps are replayed
+                self.collected = time.monotonic() - self.started
+            self.markers.update(markers(self.locals["infos"]))
+            return True
+
+    callback = HangOnSecondRollout()
+    try:
+        model = DaskPPO("MlpPolicy", env, n_steps=512, batch_size=512, n_epochs=1, device="cpu", seed=0)
+        model.learn(total_timesteps=512 * 4 * 3, callback=callback)
+    finally:
+        env.close()
+    assert callback.collected is not None and callback.collected < 30, (
+        f"the rollout with a hung env took {callback.collected}s (step_timeout 2 s)"
+    )
+    assert sorted(callback.markers) == [0, 1], callback.markers  # env 0's group: rebuilt
+    assert all(m["reason"] == "timeout" for m in callback.markers.values())
+    assert any("have been in one step for 2s or more" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(300)
 def test_a_worker_frozen_during_a_worker_side_rollout_costs_about_step_timeout(
     dask_processes: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

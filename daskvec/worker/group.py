@@ -228,6 +228,10 @@ class EnvGroup:
             busy_poll=self.busy_poll,
         )
 
+    def busy_for(self) -> float:
+        """Seconds in the step of the envs in progress (0 between steps): a hung env, to a client awaiting a rollout."""
+        return self.stats.busy_for()
+
     def refused_connections(self) -> int:
         """How many peers the direct channel refused (failed authentication)."""
         return 0 if self._server is None else self._server.refused
@@ -251,19 +255,16 @@ class EnvGroup:
     def release_dropped(self) -> bool:
         """Release the group as :meth:`shutdown` does, without waiting for a call in progress.
 
-        The reaper calls this once Dask dropped the actor without a shutdown: nobody
-        will call the group again. Its channel closes at once; its envs close when no
-        call is running (one that hung keeps them until it returns). Returns ``False``
-        while a call runs: the reaper asks again later.
+        The reaper calls this once Dask dropped the actor without a shutdown: nobody will call the
+        group again. Its channel closes at once; its envs close when no call is running (one that
+        hung keeps them until it returns). Returns ``False`` while a call runs: the reaper asks again.
         """
         if self._server is not None:
             self._server.close()
         if not self._lock.acquire(blocking=False):
             return False
-        try:
-            self._closed = True
-        finally:
-            self._lock.release()
+        self._closed = True  # cannot raise: no try needed around the lock
+        self._lock.release()
         if self._release.now():
             logger.info("%r: Dask dropped the actor without a shutdown; its envs and channel are closed", self)
         return True
@@ -360,8 +361,13 @@ class EnvGroup:
 
     def step(self, actions: Any) -> StepReply:
         """Step every env with its action; an episode's end is handled as ``autoreset`` says."""
-        if self.vector is not None:
-            return self._step_vector(actions)
+        self.stats.busy_since = time.monotonic()  # for busy_for, called from the actor's thread
+        try:
+            return self._step_vector(actions) if self.vector is not None else self._step_envs(actions)
+        finally:
+            self.stats.busy_since = None
+
+    def _step_envs(self, actions: Any) -> StepReply:
         n = len(self.envs)
         obs_list: list[Any] = [None] * n
         reply = StepReply(None, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
