@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,12 @@ import pytest
 # Stepping tests must not be slowed by BLAS/torch thread oversubscription on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# SB3's logger makes a directory /tmp/SB3-<date> at every learn() without a log folder (its
+# configure(folder=None)); the suite calls learn() hundreds of times. One directory, made by
+# tempfile, holds them all (SB3 reads SB3_LOGDIR; the notebooks' kernels inherit it).
+if "SB3_LOGDIR" not in os.environ:
+    os.environ["SB3_LOGDIR"] = tempfile.mkdtemp(prefix="daskvec-tests-sb3-")
+    atexit.register(shutil.rmtree, os.environ["SB3_LOGDIR"], True)
 # Every worker the suite starts (LocalCluster, `dask worker`, SLURM jobs inherit the
 # environment) runs without Dask's stack-sampling profiler: on CPython 3.11 it can
 # deadlock a worker while an env group starts its threads (python/cpython#106883, seen

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copyreg
 import io
+import itertools
 import logging
 import pickle
 import struct
@@ -266,8 +267,10 @@ def _read_infos(payload: Any, offset: int, extra: list[Any], n: int) -> tuple[di
         if column.shape != (len(positions),) or (kind != _NUMPY_KIND and column.dtype != _PY_DTYPES[kind]):
             raise ValueError("an info column of another length or dtype")
         columns.append(list(column) if kind == _NUMPY_KIND else column.tolist())
-    rows = zip(*columns, strict=True)
-    infos = {pos: dict(zip(keys, row, strict=True)) for pos, row in zip(positions, rows, strict=True)}
+    # every column has one value per position and one key each (checked above and by the schema),
+    # so the zips need no strict checks: the dicts are built by C loops alone
+    rows = map(dict, map(zip, itertools.repeat(keys), zip(*columns, strict=False)))
+    infos = dict(zip(positions, rows, strict=False))
     return infos, offset
 
 
