@@ -447,7 +447,12 @@ class GroupPool:
             self.teardown(list(self.groups), graceful=False)
             return
         waiting = [f.group for f in self._flights.values() if f.waiting]
-        replies = recv_many([g.channel for g in waiting], min(self.options.step_timeout, 30.0))
+        grace = min(self.options.step_timeout, 30.0)
+        late = sorted(i for g in _unanswered(waiting, min(grace, 1.0)) for i in g.env_indices)
+        if late:  # a Ctrl-C'd step or rollout: say why close() waits
+            logger.warning("close(): envs %s have not finished the request in flight; waiting up to %.3gs for "
+                           "them, then abandoning them", late, grace - 1.0)  # fmt: skip
+        replies = recv_many([g.channel for g in waiting], grace)
         # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
         stuck = [g for g, r in zip(waiting, replies, strict=True) if isinstance(r, BaseException)]
         stuck += [f.group for f in self._flights.values() if not f.waiting and isinstance(f.reply, BaseException)]
@@ -545,14 +550,7 @@ class GroupPool:
 
     def unanswered(self, timeout: float) -> list[Group]:
         """:meth:`all_ready`, returning the groups whose reply is still not in after ``timeout`` seconds."""
-        waiting = [f.group for f in self._flights.values() if f.batch and f.waiting]
-        deadline = time.monotonic() + timeout
-        while waiting:
-            ready = set(wait_ready([g.channel for g in waiting], max(deadline - time.monotonic(), 0.0)))
-            if not ready:
-                return waiting
-            waiting = [g for k, g in enumerate(waiting) if k not in ready]
-        return []
+        return _unanswered([f.group for f in self._flights.values() if f.batch and f.waiting], timeout)
 
     def _land(self, flights: Sequence[Flight]) -> None:
         for f in flights:
@@ -631,3 +629,14 @@ class GroupPool:
 def _is_placement_failure(exc: BaseException) -> bool:
     """Whether creating a group failed because of its worker (retry elsewhere), not the env."""
     return isinstance(exc, (TimeoutError, OSError, *_dask.placement_errors())) or _dask.is_actor_lost(exc)
+
+
+def _unanswered(waiting: list[Group], timeout: float) -> list[Group]:
+    """Those of ``waiting`` whose reply is still not in after ``timeout`` seconds (nothing is read)."""
+    deadline = time.monotonic() + timeout
+    while waiting:
+        ready = set(wait_ready([g.channel for g in waiting], max(deadline - time.monotonic(), 0.0)))
+        if not ready:
+            return waiting
+        waiting = [g for k, g in enumerate(waiting) if k not in ready]
+    return []

@@ -738,7 +738,9 @@ def test_soak_workers_killed_and_replaced(procs: DaskProcesses) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_close_while_a_frozen_step_is_in_flight(procs: DaskProcesses, tmp_path: Path) -> None:
+def test_close_while_a_frozen_step_is_in_flight(
+    procs: DaskProcesses, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     ensure_workers(procs, 2)
     fns = [functools.partial(FreezingEnv, str(tmp_path / "frozen")), functools.partial(CountingEnv, horizon=1000)]
     env = DaskVecEnv(fns, client=procs.address, envs_per_actor=1, step_timeout=2.0, timeout=60)
@@ -750,6 +752,9 @@ def test_close_while_a_frozen_step_is_in_flight(procs: DaskProcesses, tmp_path: 
         env.step_async(np.zeros(2, dtype=np.int64))  # env 0 freezes in this step
         env.close()  # drains for step_timeout, then abandons the frozen group instead of waiting on it
         assert env.closed and not env.groups
+        # and says why it waits, naming the env (env 1 answered at once: not named)
+        (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("close(): ")]
+        assert "envs [0] have not finished the request in flight; waiting up to 1s" in said, said
         assert (tmp_path / "frozen").exists()
         env.close()  # and a second close is a no-op
     finally:
