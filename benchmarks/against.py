@@ -11,7 +11,8 @@ env-steps/s per round and the ratio this checkout / base, with the median.
 
 The scenarios are ``daskvec bench``'s stepping cases (``light``: CartPole-v1;
 ``heavy``: a busy-loop env of 1 ms of CPU a step), built by this checkout's
-``daskvec.bench.scenarios``, so both versions step the same envs; and the EnvPool
+``daskvec.bench.scenarios``, so both versions step the same envs, as are ``atari`` (Pong,
+SB3's ``AtariWrapper``, ``VecFrameStack(4)``) and ``mujoco`` (HalfCheetah-v5); and the EnvPool
 groups of issue 22 (``envpool-mujoco``: HalfCheetah-v5, ``envpool-atari``: Pong-v5),
 one ``from_vector_envs`` group of ``--envs`` envs with a thread per core, as ``daskvec
 bench``'s ``dask-envpool``, with EnvPool alone (the same threads, its Gymnasium API)
@@ -99,7 +100,12 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
     if task is None:
         (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
         fns = [case.make] * n_envs
-        return {"base": base_cls(fns), "head": DaskVecEnv(fns)}
+        venvs = {"base": base_cls(fns), "head": DaskVecEnv(fns)}
+        if case.frame_stack:  # atari: VecFrameStack on the vec env, as daskvec bench has it
+            from stable_baselines3.common.vec_env import VecFrameStack
+
+            venvs = {k: VecFrameStack(v, case.frame_stack) for k, v in venvs.items()}
+        return venvs
     threads = len(os.sched_getaffinity(0))
     fn = functools.partial(make_envpool, task, n_envs, 0, threads)
     return {"base": base_cls.from_vector_envs([fn]), "head": DaskVecEnv.from_vector_envs([fn]), "alone": fn()}
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit to compare with (any git revision)")
-    parser.add_argument("--scenario", choices=("light", "heavy", *ENVPOOL_TASKS), nargs="+", default=["light", "heavy"])
+    scenarios = ("light", "heavy", "atari", "mujoco", *ENVPOOL_TASKS)
+    parser.add_argument("--scenario", choices=scenarios, nargs="+", default=["light", "heavy"])
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=1.5)

@@ -447,12 +447,12 @@ class GroupPool:
             self.teardown(list(self.groups), graceful=False)
             return
         waiting = [f.group for f in self._flights.values() if f.waiting]
-        grace = min(self.options.step_timeout, 30.0)
-        late = sorted(i for g in _unanswered(waiting, min(grace, 1.0)) for i in g.env_indices)
+        deadline = time.monotonic() + min(self.options.step_timeout, 30.0)
+        late = sorted(i for g in _unanswered(waiting, min(deadline - time.monotonic(), 1.0)) for i in g.env_indices)
         if late:  # a Ctrl-C'd step or rollout: say why close() waits
-            logger.warning("close(): envs %s have not finished the request in flight; waiting up to %.3gs for "
-                           "them, then abandoning them", late, grace - 1.0)  # fmt: skip
-        replies = recv_many([g.channel for g in waiting], grace)
+            logger.warning("close(): envs %s have not finished the request in flight; waiting up to %.0fs more for "
+                           "them, then abandoning them", late, max(deadline - time.monotonic(), 0.0))  # fmt: skip
+        replies = recv_many([g.channel for g in waiting], max(deadline - time.monotonic(), 0.0))
         # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
         stuck = [g for g, r in zip(waiting, replies, strict=True) if isinstance(r, BaseException)]
         stuck += [f.group for f in self._flights.values() if not f.waiting and isinstance(f.reply, BaseException)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -315,14 +316,15 @@ class ColumnInfos(dict[int, dict[str, Any]]):
     columns it was built from, so the compact step reply
     (:func:`daskvec.transport.encode`) sends them as they are instead of walking 64
     rows back into columns. The worker's vector groups build it
-    (:class:`daskvec.worker.VectorEnvs`); like :data:`EMPTY` it refuses to be changed, so
-    its rows and columns cannot disagree. A pickle of it is a plain dict.
+    (:class:`daskvec.worker.VectorEnvs`) and nothing changes it after: like :data:`EMPTY`
+    it refuses new or removed rows (its row dicts, and its columns, which may be the
+    vector env's own arrays, are only read, not guarded). A pickle of it is a plain dict.
 
     Parameters
     ----------
     names : tuple of str
         The info keys, in the order the vector env gave them.
-    columns : list of numpy.ndarray
+    columns : sequence of numpy.ndarray
         One array per key, a row per env: 1-D ``bool``, ``int64`` or ``float64`` (each
         env's value a Python ``bool``, ``int`` or ``float``, which hold them exactly), or
         of more dimensions (each env's value its row, as EnvPool's ``ram``).
@@ -330,11 +332,11 @@ class ColumnInfos(dict[int, dict[str, Any]]):
 
     __slots__ = ("columns", "names")
 
-    def __init__(self, names: tuple[str, ...], columns: list[np.ndarray]) -> None:
+    def __init__(self, names: tuple[str, ...], columns: Sequence[np.ndarray]) -> None:
         rows = zip(*(column.tolist() if column.ndim == 1 else list(column) for column in columns), strict=True)
         super().__init__(enumerate(dict(zip(names, row, strict=True)) for row in rows))
         self.names = names
-        self.columns = columns
+        self.columns = tuple(columns)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("daskvec internal error: a step's column infos are read-only (copy them with dict())")

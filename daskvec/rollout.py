@@ -346,9 +346,9 @@ def _await_fragments(engine: Engine, timeout: float) -> float:
     worker that has sent the scheduler no heartbeat for ``step_timeout``
     (:class:`~daskvec.directory.HeartbeatWatch`) is frozen, and a group on a live worker
     whose envs have been in one step for ``step_timeout`` (:class:`HungWatch`) hangs.
-    Once every missing fragment is of such a worker or group, nothing more is waited for
-    (0 is returned: the collection reads what is in and times out the rest, which are
-    rebuilt as a step's hung groups are). Nothing is read here.
+    Once every missing fragment is of such a worker or group, little more is waited for
+    (one look's time is returned: the collection reads what is in and times out the
+    rest, which are rebuilt as a step's hung groups are). Nothing is read here.
     """
     assert engine.pool is not None
     step_timeout = engine.options.step_timeout
@@ -375,7 +375,8 @@ def _await_fragments(engine: Engine, timeout: float) -> float:
                     "envs %s on %s have been in one step for %.3gs or more (step_timeout) while collecting a "
                     "rollout: giving up on their fragment", g.env_indices, g.worker, step_timeout,
                 )  # fmt: skip
-            return 0.0
+            # a last look's time, not 0: a healthy fragment still arriving (a large one, a slow link) gets it
+            return min(look, max(deadline - time.monotonic(), 0.0))
 
 
 class HungWatch:

@@ -754,7 +754,7 @@ def test_close_while_a_frozen_step_is_in_flight(
         assert env.closed and not env.groups
         # and says why it waits, naming the env (env 1 answered at once: not named)
         (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("close(): ")]
-        assert "envs [0] have not finished the request in flight; waiting up to 1s" in said, said
+        assert "envs [0] have not finished the request in flight; waiting up to 1s more" in said, said
         assert (tmp_path / "frozen").exists()
         env.close()  # and a second close is a no-op
     finally:

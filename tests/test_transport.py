@@ -240,6 +240,7 @@ def test_a_vector_groups_column_infos_travel_as_their_own_columns() -> None:
         ColumnInfos(("x",), [np.linspace(0, 1, n, dtype=np.float32)]),
         ColumnInfos(("x",), [np.ones(n - 1)]),
         ColumnInfos(("ram",), [np.ones((n, 2), dtype=">i4")]),
+        ColumnInfos((np.str_("x"),), [np.ones(n)]),  # a str subclass as a key, which columns would make a str
     ):
         frames = encode(info_reply(odd, n))
         assert memoryview(frames[1])[0] == 0x80
@@ -285,6 +286,7 @@ def test_malformed_info_columns_fail_clearly() -> None:
         payload[:schema_at] + b"\x01z" + payload[schema_at + 2 :],  # an unknown kind
         payload[: schema_at + 2] + b"\x05\x00" + payload[schema_at + 4 :],  # a key longer than the schema
         payload[:-3],  # a column cut short
+        payload[: schema_at - 2] + b"\x01\x00\x00" + payload[schema_at + 5 :],  # no keys, yet envs with infos
     ):
         with pytest.raises(ProtocolError, match="malformed compact message"):
             decode([broken, *frames[1:]])

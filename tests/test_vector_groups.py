@@ -369,6 +369,7 @@ def test_column_infos_are_every_envs_env_info() -> None:
         {"s": np.array(list("abcde"), dtype=object)},
         {"ram": np.zeros((n, 4), dtype=">f8")},  # a byte order the wire does not keep
         {"big": np.array([1, 2, 3, 4, 2**63], dtype=np.uint64)},  # beyond int64
+        {"x": np.ones(n, dtype=np.longdouble)},  # env_info keeps its precision, a Python float would not
         {"t": np.ones(n + 1)},  # not one per env
         {"t": [1] * n},  # not an array
         {},

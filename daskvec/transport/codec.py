@@ -133,7 +133,7 @@ _NUMPY_KIND = ord("n")
 _ARRAY_KIND = ord("a")
 
 
-def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.ndarray, list[np.ndarray]] | None:
+def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.ndarray, Sequence[np.ndarray]] | None:
     """``infos`` as (schema, which positions have one, one array per key), or None if it does not fit."""
     positions = list(infos)
     rows = list(infos.values())
@@ -198,10 +198,12 @@ def _schema(keys: tuple[str, ...], kinds: bytes) -> bytes | None:
     return schema
 
 
-def _given_columns(infos: ColumnInfos, n: int) -> tuple[bytes, np.ndarray, list[np.ndarray]] | None:
+def _given_columns(infos: ColumnInfos, n: int) -> tuple[bytes, np.ndarray, Sequence[np.ndarray]] | None:
     """:func:`_info_columns` of a vector group's :class:`~daskvec.protocol.ColumnInfos`: its own columns."""
     keys, columns = infos.names, infos.columns
     if len(keys) > 255 or len(infos) != n or any(c.ndim == 0 or len(c) != n for c in columns):
+        return None
+    if any(type(k) is not str for k in keys):  # a str subclass (np.str_) would come back a str
         return None
     layout = tuple((c.dtype, c.ndim == 1) for c in columns)
     kinds = _KINDS_OF_DTYPES.get(layout)
@@ -252,6 +254,8 @@ def _read_infos(payload: Any, offset: int, extra: list[Any], n: int) -> tuple[di
     offset += size
     known = _SCHEMA_IN.get(schema)
     keys, kinds = known if known is not None else _remember(_SCHEMA_IN, schema, _parse_schema(schema))
+    if not kinds:
+        raise ValueError("info columns without keys")
     present, offset = _read_array(payload, offset, extra)
     if present.shape != (n,):
         raise ValueError("info positions of another length")

@@ -154,8 +154,8 @@ def column_infos(infos: dict[str, Any], n: int, skip: frozenset[str] = frozenset
         if type(value) is not np.ndarray or value.ndim == 0 or len(value) != n:
             return None
         kind = value.dtype.kind
-        if kind not in _COLUMN_DTYPES or not value.dtype.isnative or (kind == "u" and value.dtype.itemsize == 8):
-            return None  # objects, strings, a byte order the wire does not keep, or beyond int64
+        if kind not in _COLUMN_DTYPES or not value.dtype.isnative or value.dtype.itemsize > (4 if kind == "u" else 8):
+            return None  # objects, strings, a byte order the wire does not keep, beyond int64 or float64
         mask = infos.get(f"_{key}")
         if mask is not None and not np.all(mask):
             return None
