@@ -24,7 +24,7 @@ import contextlib
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
@@ -293,22 +293,30 @@ class GroupDesc:
         return self.action_spaces[0]
 
 
-class _ReadOnlyEmpty(dict[Any, Any]):
-    """An empty dict that refuses to be filled (see :data:`EMPTY`)."""
+class _ReadOnlyDict(dict[Any, Any]):
+    """A dict that refuses new, changed or removed entries; ``_WHAT`` names it in the error. A pickle is a dict."""
 
     __slots__ = ()
+    _WHAT = "this mapping"
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("daskvec internal error: the shared empty mapping of a reply is read-only")
+        raise TypeError(f"daskvec internal error: {self._WHAT} is read-only (copy it with dict())")
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     setdefault = update = pop = popitem = clear = _refuse
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return dict, ()  # a copy elsewhere is an ordinary empty dict
+        return dict, (dict(self),)  # a copy elsewhere is an ordinary dict
 
 
-class ColumnInfos(dict[int, dict[str, Any]]):
+class _ReadOnlyEmpty(_ReadOnlyDict):
+    """An empty dict that refuses to be filled (see :data:`EMPTY`)."""
+
+    __slots__ = ()
+    _WHAT = "the shared empty mapping of a reply"
+
+
+class ColumnInfos(_ReadOnlyDict):
     """Every env's info of a vector env's step, built from its batched columns.
 
     To every reader it is what :attr:`StepReply.infos` always is: a dict by position of
@@ -319,6 +327,7 @@ class ColumnInfos(dict[int, dict[str, Any]]):
     (:class:`daskvec.worker.VectorEnvs`) and nothing changes it after: like :data:`EMPTY`
     it refuses new or removed rows (its row dicts, and its columns, which may be the
     vector env's own arrays, are only read, not guarded). A pickle of it is a plain dict.
+    Its 1-D columns have the dtypes of :attr:`SCALAR_DTYPES` (by NumPy kind).
 
     Parameters
     ----------
@@ -331,21 +340,20 @@ class ColumnInfos(dict[int, dict[str, Any]]):
     """
 
     __slots__ = ("columns", "names")
+    _WHAT = "a step's column infos"
+    #: The dtype a 1-D column of each NumPy kind is kept (and sent) as.
+    SCALAR_DTYPES: ClassVar[dict[str, np.dtype[Any]]] = {
+        "b": np.dtype(np.bool_),
+        "i": np.dtype("<i8"),
+        "u": np.dtype("<i8"),
+        "f": np.dtype("<f8"),
+    }
 
     def __init__(self, names: tuple[str, ...], columns: Sequence[np.ndarray]) -> None:
         rows = zip(*(column.tolist() if column.ndim == 1 else list(column) for column in columns), strict=True)
         super().__init__(enumerate(dict(zip(names, row, strict=True)) for row in rows))
         self.names = names
         self.columns = tuple(columns)
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("daskvec internal error: a step's column infos are read-only (copy them with dict())")
-
-    __setitem__ = __delitem__ = __ior__ = _refuse
-    setdefault = update = pop = popitem = clear = _refuse
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return dict, (dict(self),)
 
 
 #: The one empty mapping that every client-side reply without entries shares, in place of

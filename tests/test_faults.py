@@ -13,7 +13,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1018,26 +1018,17 @@ def test_a_worker_lost_during_a_call_or_a_reset_leaves_the_other_envs_done_once(
         env.close()
 
 
-@pytest.mark.timeout(300)
-def test_an_env_hung_in_a_live_worker_during_a_worker_side_rollout_costs_about_step_timeout(
-    dask_processes: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An env that hangs inside ``step`` while its worker lives on (heartbeats and all) stalled a
-    rollout for ``step_timeout * n_steps`` (here 2 s x 512: 17 min; 34 hours with the defaults).
-    Its group now says, from the actor's thread, how long its envs have been in one step: after
-    about ``step_timeout`` the rollout gives up on that fragment, and its envs are rebuilt and
-    reported as timeouts while the other worker's fragment is kept."""
+def learn_through_a_fault(env: DaskVecEnv, fault: Callable[[Any], None]) -> Any:
+    """DaskPPO on ``env`` for 3 rollouts of 512 steps, calling ``fault(training_env)`` as the second starts.
+
+    Returns the callback: ``collected``, the seconds from the fault until that rollout was in
+    (its steps are then replayed), and ``markers``, the restart markers seen, by env.
+    """
     from stable_baselines3.common.callbacks import BaseCallback
 
     from daskvec.sb3 import DaskPPO
 
-    procs = dask_processes(2)
-    flag = str(tmp_path / "hung")
-    fns = [functools.partial(FreezingEnv, flag, freeze_at=10**9)] * 2 + [functools.partial(CountingEnv, 1000)] * 2
-    env = DaskVecEnv(fns, client=procs.address, envs_per_actor=2, step_timeout=2.0, timeout=60)
-    assert len({g["worker"] for g in env.groups}) == 2
-
-    class HangOnSecondRollout(BaseCallback):
+    class FaultOnSecondRollout(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.rollouts = 0
@@ -1047,9 +1038,8 @@ def test_an_env_hung_in_a_live_worker_during_a_worker_side_rollout_costs_about_s
 
         def _on_rollout_start(self) -> None:
             self.rollouts += 1
-            if self.rollouts == 2:  # env 0's third step from here hangs (its rebuilt self sees the flag)
-                (done,) = self.training_env.get_attr("total_steps", indices=[0])
-                self.training_env.set_attr("freeze_at", done + 3, indices=[0])
+            if self.rollouts == 2:
+                fault(self.training_env)
                 self.started = time.monotonic()
 
         def _on_step(self) -> bool:
@@ -1058,10 +1048,33 @@ def test_an_env_hung_in_a_live_worker_during_a_worker_side_rollout_costs_about_s
             self.markers.update(markers(self.locals["infos"]))
             return True
 
-    callback = HangOnSecondRollout()
+    callback = FaultOnSecondRollout()
+    model = DaskPPO("MlpPolicy", env, n_steps=512, batch_size=512, n_epochs=1, device="cpu", seed=0)
+    model.learn(total_timesteps=512 * 4 * 3, callback=callback)
+    return callback
+
+
+@pytest.mark.timeout(300)
+def test_an_env_hung_in_a_live_worker_during_a_worker_side_rollout_costs_about_step_timeout(
+    dask_processes: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An env that hangs inside ``step`` while its worker lives on (heartbeats and all) stalled a
+    rollout for ``step_timeout * n_steps`` (here 2 s x 512: 17 min; 34 hours with the defaults).
+    Its group now says, from the actor's thread, how long its envs have been in one step: after
+    about ``step_timeout`` the rollout gives up on that fragment, and its envs are rebuilt and
+    reported as timeouts while the other worker's fragment is kept."""
+    procs = dask_processes(2)
+    flag = str(tmp_path / "hung")
+    fns = [functools.partial(FreezingEnv, flag, freeze_at=10**9)] * 2 + [functools.partial(CountingEnv, 1000)] * 2
+    env = DaskVecEnv(fns, client=procs.address, envs_per_actor=2, step_timeout=2.0, timeout=60)
+    assert len({g["worker"] for g in env.groups}) == 2
+
+    def hang_env_0(training_env: Any) -> None:  # its third step from here hangs (its rebuilt self sees the flag)
+        (done,) = training_env.get_attr("total_steps", indices=[0])
+        training_env.set_attr("freeze_at", done + 3, indices=[0])
+
     try:
-        model = DaskPPO("MlpPolicy", env, n_steps=512, batch_size=512, n_epochs=1, device="cpu", seed=0)
-        model.learn(total_timesteps=512 * 4 * 3, callback=callback)
+        callback = learn_through_a_fault(env, hang_env_0)
     finally:
         env.close()
     assert callback.collected is not None and callback.collected < 30, (
@@ -1083,41 +1096,15 @@ def test_a_worker_frozen_during_a_worker_side_rollout_costs_about_step_timeout(
     import signal
     import threading
 
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    from daskvec.sb3 import DaskPPO
-
     procs = dask_processes(2)
     env = DaskVecEnv([cartpole] * 4, client=procs.address, envs_per_actor=2, step_timeout=2.0, timeout=60)
     (frozen,) = [g for g in env.groups if 0 in g["envs"]]
     assert len({g["worker"] for g in env.groups}) == 2
 
-    class FreezeOnSecondRollout(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rollouts = 0
-            self.started = 0.0
-            self.collected: float | None = None
-            self.markers: dict[int, dict[str, Any]] = {}
-
-        def _on_rollout_start(self) -> None:
-            self.rollouts += 1
-            if self.rollouts == 2:
-                freeze(frozen["pid"])
-                self.started = time.monotonic()
-
-        def _on_step(self) -> bool:
-            if self.rollouts == 2 and self.collected is None:  # the rollout is in: its steps are replayed
-                self.collected = time.monotonic() - self.started
-            self.markers.update(markers(self.locals["infos"]))
-            return True
-
     guard = threading.Timer(120, os.kill, (frozen["pid"], signal.SIGCONT))  # a test, not a hang, if it waits on
     guard.start()
-    callback = FreezeOnSecondRollout()
     try:
-        model = DaskPPO("MlpPolicy", env, n_steps=512, batch_size=512, n_epochs=1, device="cpu", seed=0)
-        model.learn(total_timesteps=512 * 4 * 3, callback=callback)
+        callback = learn_through_a_fault(env, lambda training_env: freeze(frozen["pid"]))
     finally:
         guard.cancel()
         os.kill(frozen["pid"], signal.SIGCONT)

@@ -125,16 +125,16 @@ _PY_KINDS: dict[type, tuple[int, np.dtype[Any]]] = {
 }
 _PY_DTYPES = dict(_PY_KINDS.values())
 _PY_KIND_OF_DTYPE = {dtype: kind for kind, dtype in _PY_KINDS.values()}
-#: Caches of :func:`_given_columns`: the kinds of a tuple of column dtypes, an all-ones
-#: "present" array per env count (never written: the encoder only reads it).
+#: Cache of :func:`_given_columns`: the kinds of a layout of columns (dtype, whether 1-D).
 _KINDS_OF_DTYPES: dict[tuple[tuple[np.dtype[Any], bool], ...], bytes] = {}
-_ALL_PRESENT: dict[int, np.ndarray] = {}
 _NUMPY_KIND = ord("n")
 _ARRAY_KIND = ord("a")
 
 
 def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.ndarray, Sequence[np.ndarray]] | None:
     """``infos`` as (schema, which positions have one, one array per key), or None if it does not fit."""
+    if type(infos) is ColumnInfos:
+        return _given_columns(infos, n)
     positions = list(infos)
     rows = list(infos.values())
     keys = tuple(rows[0])
@@ -218,12 +218,7 @@ def _given_columns(infos: ColumnInfos, n: int) -> tuple[bytes, np.ndarray, Seque
                 return None
         kinds = _remember(_KINDS_OF_DTYPES, layout, bytes(found))
     schema = _schema(keys, kinds)
-    if schema is None:
-        return None
-    present = _ALL_PRESENT.get(n)
-    if present is None:
-        present = _remember(_ALL_PRESENT, n, np.ones(n, dtype=np.uint8))
-    return schema, present, columns
+    return None if schema is None else (schema, np.ones(n, dtype=np.uint8), columns)
 
 
 def _parse_schema(schema: bytes) -> tuple[tuple[str, ...], bytes]:
@@ -374,10 +369,7 @@ def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[b
     obs, rewards, terminated, truncated = reply.obs, reply.rewards, reply.terminated, reply.truncated
     if reply.restarted or any(reply.reset_infos.values()):
         return None
-    if type(reply.infos) is ColumnInfos:
-        infos = _given_columns(reply.infos, len(rewards))
-    else:
-        infos = _info_columns(reply.infos, len(rewards)) if reply.infos else None
+    infos = _info_columns(reply.infos, len(rewards)) if reply.infos else None
     if reply.infos and infos is None:
         return None
     masks = reply.masks

@@ -33,7 +33,7 @@ module name, never imported here).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,10 +118,7 @@ def env_info(infos: dict[str, Any], i: int, skip: frozenset[str] = frozenset()) 
         Keys to leave out.
     """
     out: dict[str, Any] = {}
-    for key, value in infos.items():
-        if key in skip or (key.startswith("_") and key[1:] in infos):
-            continue
-        mask = infos.get(f"_{key}")
+    for key, value, mask in _own_keys(infos, skip):
         if mask is not None and not mask[i]:
             continue
         if isinstance(value, dict):
@@ -133,9 +130,12 @@ def env_info(infos: dict[str, Any], i: int, skip: frozenset[str] = frozenset()) 
     return out
 
 
-#: Column dtypes whose values Python's ``bool``, ``int`` and ``float`` hold exactly, and the
-#: dtype each is sent as (see :class:`~daskvec.protocol.ColumnInfos`).
-_COLUMN_DTYPES = {"b": np.dtype(np.bool_), "i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8")}
+def _own_keys(infos: dict[str, Any], skip: frozenset[str]) -> Iterator[tuple[str, Any, Any]]:
+    """The keys of batched infos that are the envs' own (not ``_key`` masks, not in ``skip``): key, value, mask."""
+    for key, value in infos.items():
+        if key in skip or (key.startswith("_") and key[1:] in infos):
+            continue
+        yield key, value, infos.get(f"_{key}")
 
 
 def column_infos(infos: dict[str, Any], n: int, skip: frozenset[str] = frozenset()) -> ColumnInfos | None:
@@ -148,19 +148,17 @@ def column_infos(infos: dict[str, Any], n: int, skip: frozenset[str] = frozenset
     its row, as ``env_info`` does.
     """
     names, columns = [], []
-    for key, value in infos.items():
-        if key in skip or (key.startswith("_") and key[1:] in infos):
-            continue
+    scalar_dtypes = ColumnInfos.SCALAR_DTYPES
+    for key, value, mask in _own_keys(infos, skip):
         if type(value) is not np.ndarray or value.ndim == 0 or len(value) != n:
             return None
         kind = value.dtype.kind
-        if kind not in _COLUMN_DTYPES or not value.dtype.isnative or value.dtype.itemsize > (4 if kind == "u" else 8):
+        if kind not in scalar_dtypes or not value.dtype.isnative or value.dtype.itemsize > (4 if kind == "u" else 8):
             return None  # objects, strings, a byte order the wire does not keep, beyond int64 or float64
-        mask = infos.get(f"_{key}")
         if mask is not None and not np.all(mask):
             return None
         names.append(key)
-        columns.append(value.astype(_COLUMN_DTYPES[kind], copy=False) if value.ndim == 1 else value)
+        columns.append(value.astype(scalar_dtypes[kind], copy=False) if value.ndim == 1 else value)
     return ColumnInfos(tuple(names), columns) if names else None
 
 
