@@ -264,7 +264,7 @@ def test_a_vector_groups_column_infos_travel_as_their_own_columns() -> None:
         {0: {"a": {"r": 1.0}}},
         {0: {"a": np.complex64(1j)}},
         {0: {1: 1.0}},  # a key that is not a str
-        {1: {"a": 1}, 0: {"a": 1}},  # positions out of order
+        {1: {"a": 1}, 0: {"a": 2}, 2: {"a": 3}},  # positions out of order
         {0: {"k" * 70_000: 1}},  # a key longer than the schema's two-byte length allows
         {0: {"a": np.arange(3, dtype=">i4")}},  # a non-native byte order, which stacking would lose
         {0: {"a": 1}, 1: {np.str_("a"): 2}},  # a key equal to row 0's but of another type

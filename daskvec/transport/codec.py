@@ -14,7 +14,7 @@ import pickle
 import struct
 import traceback
 from collections import ChainMap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import cloudpickle
@@ -131,29 +131,43 @@ _NUMPY_KIND = ord("n")
 _ARRAY_KIND = ord("a")
 
 
+_ONLY_DICT, _ONLY_INT, _ONLY_STR = {dict}, {int}, {str}
+
+
+def _types(values: Iterable[Any]) -> set[type]:
+    """The exact types of ``values`` (a C loop)."""
+    return set(map(type, values))
+
+
 def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.ndarray, Sequence[np.ndarray]] | None:
     """``infos`` as (schema, which positions have one, one array per key), or None if it does not fit."""
     if type(infos) is ColumnInfos:
         return _given_columns(infos, n)
     positions = list(infos)
     rows = list(infos.values())
-    keys = tuple(rows[0])
-    if not keys or len(keys) > 255 or any(type(k) is not str for k in keys):
+    keys = tuple(rows[0]) if type(rows[0]) is dict else ()
+    if not keys or len(keys) > 255:
         return None
-    last = -1
-    for pos, row in zip(positions, rows, strict=True):
-        if type(pos) is not int or not last < pos < n or type(row) is not dict or tuple(row) != keys:
-            return None
-        if any(type(k) is not str for k in row):  # equal to row 0's, but a str subclass (np.str_)
-            return None
-        last = pos
+    # checked with C loops over all rows at once (a Python loop per row and key cost 30 us a
+    # step for 32 MuJoCo envs): plain dicts, ascending int positions below n (a dict's keys
+    # are distinct), each row's keys row 0's in its order (a dict has no key twice, so rows
+    # whose keys laid end to end are ``keys`` repeated are each ``keys``), every key a plain
+    # str (np.str_ compares equal to a str but would come back a str)
+    if _types(rows) != _ONLY_DICT or _types(positions) != _ONLY_INT or not 0 <= positions[0] <= positions[-1] < n:
+        return None
+    if len(positions) > 1 and positions != sorted(positions):
+        return None
+    flat_keys = tuple(itertools.chain.from_iterable(rows))
+    if flat_keys != keys * len(rows) or _types(flat_keys) != _ONLY_STR:
+        return None
+    flat_values = list(itertools.chain.from_iterable(map(dict.values, rows)))
+    types = tuple(map(type, flat_values[: len(keys)]))
+    if tuple(map(type, flat_values)) != types * len(rows):  # each key's values of one type
+        return None
     kinds = bytearray()
     columns = []
-    for key in keys:
-        values = [row[key] for row in rows]
-        t = type(values[0])
-        if any(type(v) is not t for v in values):
-            return None
+    for j, t in enumerate(types):
+        values = flat_values[j :: len(keys)]
         if t is np.ndarray:  # rows of one dtype and shape (EnvPool's ram), stacked
             first = values[0]
             if first.ndim == 0 or first.dtype.kind not in "biuf" or not first.dtype.isnative:
@@ -177,6 +191,8 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
     schema = _schema(keys, bytes(kinds))
     if schema is None:
         return None
+    if len(positions) == n:  # every env has an info (positions are distinct and below n)
+        return schema, np.ones(n, dtype=np.uint8), columns
     present = np.zeros(n, dtype=np.uint8)
     present[positions] = 1
     return schema, present, columns
