@@ -716,7 +716,6 @@ def test_timeline_split_lines_up_the_client_and_worker_stamps() -> None:
 def test_timeline_runs_on_the_embedded_cluster_and_unhooks_the_client() -> None:
     """A brief real run: every part measured on most vec-steps, and this process's channels left as they were."""
     from benchmarks.timeline import run
-
     from daskvec.transport.channels import DirectChannel
 
     send, recv = DirectChannel.send, DirectChannel.recv
