@@ -682,3 +682,46 @@ def test_wait_idle_waits_while_every_core_is_busy_and_not_at_all_when_off() -> N
         assert not idle and waited >= 1.0  # the CPUs never went idle: it waited its whole budget
     with pytest.raises(ValueError, match="settle must be 0"):
         bench.Options(settle=-1.0)
+
+
+def test_timeline_split_lines_up_the_client_and_worker_stamps() -> None:
+    """``benchmarks/timeline.py``: each part of a vec-step from stamps on one clock (synthetic, in seconds)."""
+    from benchmarks.timeline import split
+
+    # one vec-step from 0 to 1000 us: requests sent at 10 and 20; worker 0 reads at 30, its envs are done
+    # at 130, it sends at 150; worker 1 reads at 60, done at 400, sends at 430; replies decoded at 470, 900
+    us = 1e-6
+    steps = [(0.0, 1000 * us, [10 * us, 20 * us], [470 * us, 900 * us])]
+    workers = [
+        [("read", 30 * us), ("envs_done", 130 * us), ("env_seconds", 95 * us), ("send", 150 * us), ("sent", 160 * us)],
+        [("read", 60 * us), ("envs_done", 400 * us), ("env_seconds", 330 * us), ("send", 430 * us), ("sent", 450 * us)],
+    ]
+    # a step whose worker stamps are missing is skipped, not misread
+    steps.append((2000 * us, 3000 * us, [2010 * us, 2020 * us], [2500 * us, 2900 * us]))
+    parts = split(steps, workers)
+    got = {k: [round(x, 6) for x in v] for k, v in parts.items()}
+    assert got == {
+        "client sends (all groups)": [20.0],
+        "last send -> last group has read its request": [40.0],
+        "read -> envs done (slowest group)": [340.0],
+        "envs done -> reply send starts (slowest)": [30.0],
+        "reply send starts -> client has decoded it (last group)": [470.0],
+        "client after the last reply": [100.0],
+        "vec-step": [1000.0],
+        "env seconds per group (median of each)": [95.0, 330.0],
+    }
+
+
+@pytest.mark.timeout(180)
+def test_timeline_runs_on_the_embedded_cluster_and_unhooks_the_client() -> None:
+    """A brief real run: every part measured on most vec-steps, and this process's channels left as they were."""
+    from benchmarks.timeline import run
+    from daskvec.transport.channels import DirectChannel
+
+    send, recv = DirectChannel.send, DirectChannel.recv
+    res = run("CartPole-v1", 4, 1.0, 0)
+    assert res["vec_steps"] > 50
+    assert all(v is not None and v > 0 for v in res["median_us"].values()), res["median_us"]
+    assert res["median_us"]["vec-step"] > res["median_us"]["read -> envs done (slowest group)"]
+    assert len(res["env_us_per_group"]) == 2  # the embedded cluster's two workers, a group each
+    assert (DirectChannel.send, DirectChannel.recv) == (send, recv)
