@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +101,25 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
     if task is None:
         (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
         fns = [case.make] * n_envs
-        venvs = {"base": base_cls(fns), "head": DaskVecEnv(fns)}
-        if case.frame_stack:  # atari: VecFrameStack on the vec env, as daskvec bench has it
-            from stable_baselines3.common.vec_env import VecFrameStack
+        makers: dict[str, Callable[[], Any]] = {"base": lambda: base_cls(fns), "head": lambda: DaskVecEnv(fns)}
+    else:
+        threads = len(os.sched_getaffinity(0))
+        fn = functools.partial(make_envpool, task, n_envs, 0, threads)
+        makers = {"base": lambda: base_cls.from_vector_envs([fn]), "head": lambda: DaskVecEnv.from_vector_envs([fn]),
+                  "alone": fn}  # fmt: skip
+    venvs: dict[str, Any] = {}
+    try:  # one at a time: if one fails to build, those built before it are closed
+        for which, make in makers.items():
+            venvs[which] = make()
+    except BaseException:
+        for venv in venvs.values():
+            venv.close()
+        raise
+    if task is None and case.frame_stack:  # atari: VecFrameStack on the vec env, as daskvec bench has it
+        from stable_baselines3.common.vec_env import VecFrameStack
 
-            venvs = {k: VecFrameStack(v, case.frame_stack) for k, v in venvs.items()}
-        return venvs
-    threads = len(os.sched_getaffinity(0))
-    fn = functools.partial(make_envpool, task, n_envs, 0, threads)
-    return {"base": base_cls.from_vector_envs([fn]), "head": DaskVecEnv.from_vector_envs([fn]), "alone": fn()}
+        venvs = {k: VecFrameStack(v, case.frame_stack) for k, v in venvs.items()}
+    return venvs
 
 
 def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> dict[str, Any]:

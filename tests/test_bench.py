@@ -725,3 +725,26 @@ def test_timeline_runs_on_the_embedded_cluster_and_unhooks_the_client() -> None:
     assert res["median_us"]["vec-step"] > res["median_us"]["read -> envs done (slowest group)"]
     assert len(res["env_us_per_group"]) == 2  # the embedded cluster's two workers, a group each
     assert (DirectChannel.send, DirectChannel.recv) == (send, recv)
+
+
+def test_against_closes_the_first_vec_env_when_the_second_fails_to_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/against.py`` builds base's vec env, then this checkout's: if the second fails, the first closes."""
+    import daskvec
+    from benchmarks.against import _vec_envs
+
+    closed: list[str] = []
+
+    class Base:
+        def __init__(self, fns: list[Any]) -> None:
+            self.n = len(fns)
+
+        def close(self) -> None:
+            closed.append("base")
+
+    def refuse(fns: list[Any]) -> None:
+        raise RuntimeError("no cluster today")
+
+    monkeypatch.setattr(daskvec, "DaskVecEnv", refuse)
+    with pytest.raises(RuntimeError, match="no cluster today"):
+        _vec_envs(Base, "light", 2)
+    assert closed == ["base"]
