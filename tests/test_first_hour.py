@@ -211,6 +211,7 @@ def test_a_malformed_scheduler_address_is_named_and_leaves_no_broken_default_cli
                 DaskVecEnv([lambda: gym.make("CartPole-v1")], client="localhost")
             except ValueError as e:
                 print(f"ValueError: {e}", flush=True)
+                kept = e  # as Jupyter keeps the last error (its traceback holds the failed Client)
             env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2)  # an embedded cluster, as if nothing happened
             print("then stepped", env.reset().shape, env.step([0, 1])[0].shape, flush=True)
             env.close()
