@@ -95,6 +95,32 @@ def test_a_script_without_the_main_guard_gets_one_error_before_anything_starts(t
 
 
 @pytest.mark.timeout(300)
+def test_a_script_read_from_standard_input_gets_one_error_before_anything_starts(tmp_path: Path) -> None:
+    """``python - < script.py``: spawned workers cannot import ``<stdin>`` again, guard or not.
+
+    Before: 82 lines, two workers' ``FileNotFoundError: .../<stdin>`` and "EmbeddedNanny failed to start".
+    """
+    source = textwrap.dedent(
+        """\
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+        if __name__ == "__main__":
+            env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+            env.close()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-"], input=source, cwd=tmp_path, env=user_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("daskvec.errors.MissingMainGuardError: ")]
+    assert len(errors) == 1, proc.stdout
+    assert "'<stdin>'" in errors[0] and "Save the script to a file" in errors[0], proc.stdout
+    assert "FileNotFoundError" not in proc.stdout and "Nanny failed" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(300)
 def test_the_same_script_with_the_guard_runs(tmp_path: Path) -> None:
     run = run_script(
         tmp_path,
