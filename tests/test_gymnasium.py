@@ -126,6 +126,9 @@ def test_make_vec_like_gymnasium(client2: Any) -> None:
         DaskVectorEnv(space_fns("box", 2), client2, autoreset_mode="sometimes")
     with pytest.raises(ValueError, match="batch_size must be an int from 1 to num_envs=2"):
         DaskVectorEnv(space_fns("box", 2), client2, batch_size=3)
+    # gymnasium.make_vec's own choice, copied over: refused at once, not by the env's constructor on a worker
+    with pytest.raises(TypeError, match="drop vectorization_mode"):
+        make_vec("CartPole-v1", num_envs=2, client=client2, vectorization_mode="async")
 
 
 @pytest.mark.timeout(120)
