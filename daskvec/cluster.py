@@ -61,6 +61,14 @@ __all__ = [
 _CONNECT_MARGIN = 1.0
 
 
+#: The embedded clusters of this process, by ``id`` of their client: a vec env made with
+#: ``client=None`` while another's embedded cluster is the default client uses that
+#: cluster too, and the cluster closes with the last of them (closing it with the first
+#: would take the other's envs away). Guarded by ``_EMBEDDED_LOCK``.
+_EMBEDDED: dict[int, list[Any]] = {}  # id(client) -> [client, vec envs using it]
+_EMBEDDED_LOCK = threading.Lock()
+
+
 @dataclass
 class ResolvedClient:
     """A client to use, and what daskvec created to get it (and so must close)."""
@@ -69,9 +77,24 @@ class ResolvedClient:
     own_client: bool = False
     cluster: Any = None
     own_cluster: bool = False
+    #: an embedded cluster that other vec envs of this process may use too (see ``_EMBEDDED``)
+    shared: bool = False
 
     def close(self, timeout: float = 10) -> None:
-        """Close only what daskvec created, waiting at most ``timeout`` seconds for each."""
+        """Close only what daskvec created, waiting at most ``timeout`` seconds for each.
+
+        An embedded cluster that other vec envs still use stays up; the last one closes it.
+        """
+        if self.shared:
+            self.shared = False  # once per vec env
+            with _EMBEDDED_LOCK:
+                entry = _EMBEDDED.get(id(self.client))
+                if entry is not None and entry[0] is self.client:
+                    entry[1] -= 1
+                    if entry[1] > 0:
+                        logger.info("daskvec's embedded LocalCluster stays up for %d other vec env(s)", entry[1])
+                        return
+                    del _EMBEDDED[id(self.client)]
         if self.own_client:
             with contextlib.suppress(Exception):
                 self.client.close(timeout=timeout)
@@ -80,6 +103,18 @@ class ResolvedClient:
                 # the embedded cluster's nannies give each worker 0.8 * WORKER_EXIT_S to exit before killing it
                 patience = WORKER_EXIT_S if isinstance(self.cluster, EmbeddedCluster) else 0.0
                 self.cluster.close(timeout=timeout + patience)
+
+
+def _join_embedded(current: Any) -> ResolvedClient | None:
+    """``current`` as a user of the embedded cluster behind it, if daskvec started that cluster and it runs."""
+    with _EMBEDDED_LOCK:
+        entry = _EMBEDDED.get(id(current))
+        if entry is None or entry[0] is not current or getattr(current, "status", None) != "running":
+            return None
+        entry[1] += 1
+        users = entry[1]
+    logger.info("daskvec uses the embedded LocalCluster already running here (%d vec envs on it now)", users)
+    return ResolvedClient(current, own_client=True, cluster=current.cluster, own_cluster=True, shared=True)
 
 
 def _default_client() -> Any:
@@ -119,10 +154,17 @@ def _connect(address: str, timeout: float) -> Any:
     made: dict[str, Any] = {}
 
     def connect() -> None:
+        before = _default_client()
         try:
             c = Client(address, timeout=timeout, direct_to_workers=True)
         except BaseException as e:  # handed to the caller (or dropped: it gave up)
             made["error"] = e
+            # Dask leaves a Client whose start failed (a malformed address) as the default
+            # client, and every later DaskVecEnv(client=None) of the process would use it
+            failed = _default_client()
+            if failed is not None and failed is not before and getattr(failed, "status", None) != "running":
+                with contextlib.suppress(Exception):
+                    failed.close(timeout=1)
             return
         with lock:
             if "gave_up" not in made:
@@ -146,6 +188,10 @@ def _connect(address: str, timeout: float) -> Any:
         raise ValueError(
             f"cannot reach a Dask scheduler at {address!r} within {timeout:.0f}s ({error}); "
             "check the address (e.g. 'tcp://host:8786') and that `dask scheduler` is running"
+        ) from error
+    if isinstance(error, ValueError):  # Dask's words on a malformed address ("missing port number")
+        raise ValueError(
+            f"cannot connect to {address!r}: {error}; a scheduler address looks like 'tcp://host:8786'"
         ) from error
     if error is not None:
         raise error
@@ -187,12 +233,14 @@ def resolve_client(
         )
     if client is None:
         if current is not None:
-            return ResolvedClient(current)
+            return _join_embedded(current) or ResolvedClient(current)
         cluster = embedded_cluster(**(cluster_kwargs or {}))
         c = Client(cluster, direct_to_workers=True)
         if logger.isEnabledFor(logging.INFO):  # checking the pages costs a call to the scheduler
             logger.info("daskvec started a LocalCluster; %s", check_dashboard(c).describe())
-        return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True)
+        with _EMBEDDED_LOCK:
+            _EMBEDDED[id(c)] = [c, 1]
+        return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True, shared=True)
     if isinstance(client, Client):
         return ResolvedClient(client)
     if isinstance(client, str):

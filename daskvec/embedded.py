@@ -243,7 +243,8 @@ def check_main_guard() -> None:
     Raises
     ------
     daskvec.errors.MissingMainGuardError
-        Called from unguarded top-level code of the main script.
+        Called from unguarded top-level code of the main script, or from a main script
+        that has no file to import again (read from standard input).
     SystemExit
         In a spawned process importing the main script again, where the check in the
         user's process could not tell (e.g. a guard it took for one): the same message,
@@ -253,6 +254,17 @@ def check_main_guard() -> None:
 
     if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
         return  # a forked worker does not import the script again
+    path = _rerun_main_path()
+    if (
+        path is not None
+        and not os.path.isfile(path)
+        and not getattr(multiprocessing.current_process(), "_inheriting", False)
+    ):
+        raise MissingMainGuardError(  # a script read from standard input: spawn would import a file that is not there
+            f"daskvec cannot start its embedded Dask cluster from a main script with no file ({path!r}, e.g. read from "
+            "standard input): Dask starts its worker processes with spawn, which imports the main script again from "
+            "its file. Save the script to a file and run that, or pass client= a cluster started elsewhere"
+        )
     where = _unguarded_main_line()
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # this process is a spawned child importing the main script: the guard is missing

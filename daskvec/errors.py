@@ -200,5 +200,7 @@ class MissingMainGuardError(DaskVecEnvError):
     Dask starts the embedded cluster's worker processes with multiprocessing's
     ``spawn``, which imports the main script again in each of them; code at the top
     level of that script, outside ``if __name__ == "__main__":``, would then try to
-    start a cluster in every worker. Raised before any process is started.
+    start a cluster in every worker. A main script with no file (read from standard
+    input, ``python - < script.py``) cannot be imported again at all. Raised before
+    any process is started.
     """

@@ -681,6 +681,9 @@ def make_vec(
     """
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, not {num_envs!r}")
+    if "vectorization_mode" in kwargs:  # gymnasium.make_vec's, which would reach the env's constructor here
+        raise TypeError("daskvec.make_vec always makes a DaskVectorEnv: drop vectorization_mode (gymnasium.make_vec"
+                        "'s Sync or Async choice); pass DaskVectorEnv's options as vector_kwargs")  # fmt: skip
     env_spec = gym.spec(id) if isinstance(id, str) else id
     factory = functools.partial(_make_one, env_spec, dict(kwargs), list(wrappers or ()))
     envs = DaskVectorEnv([factory] * num_envs, client, **dict(vector_kwargs or {}))

@@ -95,6 +95,32 @@ def test_a_script_without_the_main_guard_gets_one_error_before_anything_starts(t
 
 
 @pytest.mark.timeout(300)
+def test_a_script_read_from_standard_input_gets_one_error_before_anything_starts(tmp_path: Path) -> None:
+    """``python - < script.py``: spawned workers cannot import ``<stdin>`` again, guard or not.
+
+    Before: 82 lines, two workers' ``FileNotFoundError: .../<stdin>`` and "EmbeddedNanny failed to start".
+    """
+    source = textwrap.dedent(
+        """\
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+        if __name__ == "__main__":
+            env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+            env.close()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-"], input=source, cwd=tmp_path, env=user_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("daskvec.errors.MissingMainGuardError: ")]
+    assert len(errors) == 1, proc.stdout
+    assert "'<stdin>'" in errors[0] and "Save the script to a file" in errors[0], proc.stdout
+    assert "FileNotFoundError" not in proc.stdout and "Nanny failed" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(300)
 def test_the_same_script_with_the_guard_runs(tmp_path: Path) -> None:
     run = run_script(
         tmp_path,
@@ -193,6 +219,75 @@ def test_a_scheduler_address_that_does_not_answer_is_named_within_seconds(tmp_pa
     assert re.search(r"ValueError after [\d.]+ s: cannot reach a Dask scheduler at '\S+' within 1s", run.output), (
         run.output
     )
+
+
+@pytest.mark.timeout(300)
+def test_a_malformed_scheduler_address_is_named_and_leaves_no_broken_default_client(tmp_path: Path) -> None:
+    """Before: Dask's bare "missing port number", and the failed Client stayed the default client, so
+    every later ``DaskVecEnv(client=None)`` of the process failed with ``SchedulerLostError``."""
+    run = run_script(
+        tmp_path,
+        """\
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+        if __name__ == "__main__":
+            try:
+                DaskVecEnv([lambda: gym.make("CartPole-v1")], client="localhost")
+            except ValueError as e:
+                print(f"ValueError: {e}", flush=True)
+                kept = e  # as Jupyter keeps the last error (its traceback holds the failed Client)
+            env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2)  # an embedded cluster, as if nothing happened
+            print("then stepped", env.reset().shape, env.step([0, 1])[0].shape, flush=True)
+            env.close()
+    """,
+    )
+    assert run.returncode == 0, run.output
+    assert "ValueError: cannot connect to 'localhost': missing port number" in run.output, run.output
+    assert "a scheduler address looks like 'tcp://host:8786'" in run.output, run.output
+    assert "then stepped (2, 4) (2, 4)" in run.output, run.output
+
+
+@pytest.mark.timeout(300)
+def test_two_embedded_vec_envs_share_one_cluster_that_closes_with_the_last(tmp_path: Path) -> None:
+    """A training and an evaluation env, both ``client=None``. Before: the second ran on the first's
+    cluster, and closing the first took the second's envs away ("were lost", then SchedulerLostError)."""
+    run = run_script(
+        tmp_path,
+        """\
+        import numpy as np
+        from stable_baselines3.common.env_util import make_vec_env
+
+        from daskvec import DaskVecEnv
+
+        if __name__ == "__main__":
+            train = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=DaskVecEnv, seed=0)
+            evaluation = make_vec_env("CartPole-v1", n_envs=2, vec_env_cls=DaskVecEnv, seed=10)
+            cluster = train.client.cluster
+            print("one cluster:", evaluation.client is train.client, flush=True)
+            train.reset()
+            first = evaluation.reset()
+            train.close()
+            print("after the first close:", cluster.status.name, flush=True)
+            # the evaluation env still steps, its own envs: the same as a fresh one with the same seed
+            reference = make_vec_env("CartPole-v1", n_envs=2, seed=10)
+            assert np.array_equal(first, reference.reset())
+            for k in range(300):
+                actions = np.array([k % 2, (k // 3) % 2])
+                got, want = evaluation.step(actions), reference.step(actions)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[2], want[2]), k
+            print("evaluation stepped 300 times", flush=True)
+            evaluation.close()
+            print("after the last close:", cluster.status.name, flush=True)
+    """,
+    )
+    assert run.returncode == 0, run.output
+    assert "one cluster: True" in run.output, run.output
+    assert "after the first close: running" in run.output, run.output
+    assert "evaluation stepped 300 times" in run.output, run.output
+    assert "after the last close: closed" in run.output, run.output
+    assert "were lost" not in run.output and "SchedulerLost" not in run.output, run.output
 
 
 # --------------------------------------------------------------------------- quiet by default

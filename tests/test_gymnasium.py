@@ -122,10 +122,16 @@ def test_make_vec_like_gymnasium(client2: Any) -> None:
         assert dask.render_mode is None
         run_both(sync, dask, 30, AutoresetMode.NEXT_STEP, seed=11)
         sync.close()
+        with pytest.raises(ValueError, match="got a single action, not a batch of actions for 4 envs"):
+            dask.step(1)  # before: "TypeError: len() of unsized object"
+        assert dask.step(np.zeros(4, dtype=np.int64))[0].shape == (4, 4)  # refused before anything was sent
     with pytest.raises(ValueError, match="autoreset_mode must be"):
         DaskVectorEnv(space_fns("box", 2), client2, autoreset_mode="sometimes")
     with pytest.raises(ValueError, match="batch_size must be an int from 1 to num_envs=2"):
         DaskVectorEnv(space_fns("box", 2), client2, batch_size=3)
+    # gymnasium.make_vec's own choice, copied over: refused at once, not by the env's constructor on a worker
+    with pytest.raises(TypeError, match="drop vectorization_mode"):
+        make_vec("CartPole-v1", num_envs=2, client=client2, vectorization_mode="async")
 
 
 @pytest.mark.timeout(120)
