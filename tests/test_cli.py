@@ -296,12 +296,14 @@ def test_parser(restore_daskvec_logger: Any) -> None:
         cli.main([])  # a command is required
 
 
-def test_bench_subcommand_is_wired() -> None:
+def test_bench_subcommand_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("daskvec.bench")
     parser = cli.build_parser(with_bench=True)
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["bench", "--help"])
     assert exc.value.code == 0
+    # the scenarios are listed once (they were in the usage line and again in the option's help)
+    assert " ".join(capsys.readouterr().out.split()).count("learning-offpolicy") == 1
 
 
 def test_a_model_that_cannot_be_made_fails_cleanly(

@@ -105,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser : argparse.ArgumentParser
         The (sub)parser of the ``bench`` command.
     """
-    parser.add_argument("--scenario", nargs="+", default=["all"], help=_SCENARIO_HELP,
-                        choices=[*SCENARIOS, "all", "workloads", "none", *OWN_RUN])  # fmt: skip
+    scenarios = [*SCENARIOS, "all", "workloads", "none", *OWN_RUN]
+    parser.add_argument("--scenario", nargs="+", default=["all"], choices=scenarios, metavar="SCENARIO",
+                        help=f"one or more of: {', '.join(scenarios)}; {_SCENARIO_HELP}")  # fmt: skip
     parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
                         help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")  # fmt: skip
     parser.add_argument("--envs", type=_number_list(int, "8,64", 1), default=None, metavar="N[,N...]", help=_ENVS_HELP)
