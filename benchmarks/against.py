@@ -24,6 +24,7 @@ page is not on the step path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import re
@@ -113,7 +114,8 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
             venvs[which] = make()
     except BaseException:
         for venv in venvs.values():
-            venv.close()
+            with contextlib.suppress(Exception):  # the build's error is the one to see
+                venv.close()
         raise
     if task is None and case.frame_stack:  # atari: VecFrameStack on the vec env, as daskvec bench has it
         from stable_baselines3.common.vec_env import VecFrameStack

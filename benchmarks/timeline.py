@@ -17,6 +17,7 @@ Example: ``python -m benchmarks.timeline --env CartPole-v1 --envs 8`` (light-8) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -55,8 +56,23 @@ def _hook_worker() -> None:
         stamps.append(("env_seconds", seconds))
         record(self, n_envs, seconds)
 
+    recv_frames.__wrapped__, send_frames.__wrapped__, record_step.__wrapped__ = recv, send, record  # type: ignore[attr-defined]
     server.recv_frames, server.send_frames = recv_frames, send_frames
     metrics.GroupStats.record_step = record_step  # type: ignore[method-assign]
+
+
+def _unhook_worker() -> None:
+    """On a worker: put back what :func:`_hook_worker` wrapped, and drop its stamps."""
+    from daskvec import metrics
+    from daskvec.transport import server
+
+    for module, name in ((server, "recv_frames"), (server, "send_frames"), (metrics.GroupStats, "record_step")):
+        wrapped = getattr(module, name)
+        original = getattr(wrapped, "__wrapped__", None)
+        if original is not None:
+            setattr(module, name, original)
+    if hasattr(server, "_timeline_stamps"):
+        delattr(server, "_timeline_stamps")
 
 
 def _worker_stamps(clear: bool) -> list[tuple[str, float]]:
@@ -168,7 +184,14 @@ def run(env_id: str, n_envs: int, seconds: float, seed: int) -> dict[str, Any]:
     finally:
         if undo is not None:
             undo()
+            with contextlib.suppress(Exception):  # a cluster not the embedded one's keeps its workers
+                venv.client.run(_unhook_worker)  # type: ignore[attr-defined]
         venv.close()
+    if len({len(sent) for _, _, sent, _ in steps}) > 1 or (steps and len(steps[0][2]) != len(workers)):
+        raise RuntimeError(
+            f"the timeline needs one env group per worker ({len(workers)} workers, "
+            f"{len(steps[0][2]) if steps else 0} groups): use at least as many envs as workers"
+        )
     parts = split(steps, workers)
     medians = {k: float(np.median(v)) if v else None for k, v in parts.items() if not k.startswith("env seconds")}
     return {"env": env_id, "n_envs": n_envs, "vec_steps": len(steps), "median_us": medians,

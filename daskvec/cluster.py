@@ -61,12 +61,13 @@ __all__ = [
 _CONNECT_MARGIN = 1.0
 
 
-#: The embedded clusters of this process, by ``id`` of their client: a vec env made with
-#: ``client=None`` while another's embedded cluster is the default client uses that
-#: cluster too, and the cluster closes with the last of them (closing it with the first
-#: would take the other's envs away). Guarded by ``_EMBEDDED_LOCK``.
+#: The embedded clusters of this process by ``id`` of their client, and their users: a vec
+#: env made with ``client=None`` while one is the default client uses it too, and it closes
+#: with the last of them. ``_EMBEDDED_LOCK`` is held from reading the default client to
+#: registering a new cluster, and while the last user closes it: a vec env made on another
+#: thread meanwhile waits, then joins or starts a cluster of its own.
 _EMBEDDED: dict[int, list[Any]] = {}  # id(client) -> [client, vec envs using it]
-_EMBEDDED_LOCK = threading.Lock()
+_EMBEDDED_LOCK = threading.RLock()
 
 
 @dataclass
@@ -79,15 +80,15 @@ class ResolvedClient:
     own_cluster: bool = False
     #: an embedded cluster that other vec envs of this process may use too (see ``_EMBEDDED``)
     shared: bool = False
+    closed: bool = False
 
     def close(self, timeout: float = 10) -> None:
-        """Close only what daskvec created, waiting at most ``timeout`` seconds for each.
-
-        An embedded cluster that other vec envs still use stays up; the last one closes it.
-        """
-        if self.shared:
-            self.shared = False  # once per vec env
-            with _EMBEDDED_LOCK:
+        """Close what daskvec created (an embedded cluster with its last user), at most ``timeout`` s each; once."""
+        with _EMBEDDED_LOCK:
+            if self.closed:
+                return
+            self.closed = True
+            if self.shared:
                 entry = _EMBEDDED.get(id(self.client))
                 if entry is not None and entry[0] is self.client:
                     entry[1] -= 1
@@ -95,6 +96,11 @@ class ResolvedClient:
                         logger.info("daskvec's embedded LocalCluster stays up for %d other vec env(s)", entry[1])
                         return
                     del _EMBEDDED[id(self.client)]
+                self._close_owned(timeout)  # holding the lock: see _EMBEDDED
+                return
+        self._close_owned(timeout)
+
+    def _close_owned(self, timeout: float) -> None:
         if self.own_client:
             with contextlib.suppress(Exception):
                 self.client.close(timeout=timeout)
@@ -105,25 +111,36 @@ class ResolvedClient:
                 self.cluster.close(timeout=timeout + patience)
 
 
-def _join_embedded(current: Any) -> ResolvedClient | None:
-    """``current`` as a user of the embedded cluster behind it, if daskvec started that cluster and it runs."""
+def _embedded_client(cluster_kwargs: dict[str, Any] | None) -> ResolvedClient:
+    """``client=None``: the default client (joining daskvec's embedded cluster behind it), or a new embedded cluster."""
+    from distributed import Client
+
     with _EMBEDDED_LOCK:
-        entry = _EMBEDDED.get(id(current))
-        if entry is None or entry[0] is not current or getattr(current, "status", None) != "running":
-            return None
-        entry[1] += 1
-        users = entry[1]
-    logger.info("daskvec uses the embedded LocalCluster already running here (%d vec envs on it now)", users)
-    return ResolvedClient(current, own_client=True, cluster=current.cluster, own_cluster=True, shared=True)
+        current = _default_client()
+        if current is not None:
+            if cluster_kwargs:
+                raise ValueError(f"cluster_kwargs configures the embedded LocalCluster, which daskvec does not start "
+                                 f"with the default Client {current}: configure that one, or drop it")  # fmt: skip
+            entry = _EMBEDDED.get(id(current))
+            if entry is None or entry[0] is not current or current.status != "running":
+                return ResolvedClient(current)  # the user's own client
+            entry[1] += 1
+            logger.info("daskvec uses the embedded LocalCluster already running here (%d vec envs on it now)", entry[1])
+            return ResolvedClient(current, own_client=True, cluster=current.cluster, own_cluster=True, shared=True)
+        cluster = embedded_cluster(**(cluster_kwargs or {}))
+        c = Client(cluster, direct_to_workers=True)
+        _EMBEDDED[id(c)] = [c, 1]
+    if logger.isEnabledFor(logging.INFO):  # checking the pages costs a call to the scheduler
+        logger.info("daskvec started a LocalCluster; %s", check_dashboard(c).describe())
+    return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True, shared=True)
 
 
 def _default_client() -> Any:
     from distributed import Client
 
-    try:
+    with contextlib.suppress(ValueError):
         return Client.current(allow_global=True)
-    except ValueError:
-        return None
+    return None
 
 
 def install_dashboard_page() -> bool:
@@ -159,9 +176,9 @@ def _connect(address: str, timeout: float) -> Any:
             c = Client(address, timeout=timeout, direct_to_workers=True)
         except BaseException as e:  # handed to the caller (or dropped: it gave up)
             made["error"] = e
-            # Dask leaves a Client whose start failed (a malformed address) as the default
-            # client, and every later DaskVecEnv(client=None) of the process would use it
-            failed = _default_client()
+            # Dask leaves a Client failed on a malformed address (a ValueError, at once) as the default
+            # client, which every later DaskVecEnv(client=None) would use (an unreachable one it drops)
+            failed = _default_client() if isinstance(e, ValueError) else None
             if failed is not None and failed is not before and getattr(failed, "status", None) != "running":
                 with contextlib.suppress(Exception):
                     failed.close(timeout=1)
@@ -224,23 +241,13 @@ def resolve_client(
     """
     from distributed import Client
 
-    current = _default_client() if client is None else None
-    if cluster_kwargs and (client is not None or current is not None):
-        given = f"client={type(client).__name__}" if client is not None else f"the default Client {current}"
-        raise ValueError(
-            f"cluster_kwargs configures the embedded LocalCluster, which daskvec does not start with {given}: "
-            "configure that cluster instead, or drop cluster_kwargs"
-        )
     if client is None:
-        if current is not None:
-            return _join_embedded(current) or ResolvedClient(current)
-        cluster = embedded_cluster(**(cluster_kwargs or {}))
-        c = Client(cluster, direct_to_workers=True)
-        if logger.isEnabledFor(logging.INFO):  # checking the pages costs a call to the scheduler
-            logger.info("daskvec started a LocalCluster; %s", check_dashboard(c).describe())
-        with _EMBEDDED_LOCK:
-            _EMBEDDED[id(c)] = [c, 1]
-        return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True, shared=True)
+        return _embedded_client(cluster_kwargs)
+    if cluster_kwargs:
+        raise ValueError(
+            "cluster_kwargs configures the embedded LocalCluster, which daskvec does not start with "
+            f"client={type(client).__name__}: configure that cluster instead, or drop cluster_kwargs"
+        )
     if isinstance(client, Client):
         return ResolvedClient(client)
     if isinstance(client, str):

@@ -748,3 +748,19 @@ def test_against_closes_the_first_vec_env_when_the_second_fails_to_build(monkeyp
     with pytest.raises(RuntimeError, match="no cluster today"):
         _vec_envs(Base, "light", 2)
     assert closed == ["base"]
+
+
+def test_timeline_unhooks_the_workers_it_hooked() -> None:
+    """``benchmarks/timeline.py`` wraps a worker's serving functions; on a cluster that outlives a run they go back."""
+    from benchmarks import timeline
+    from daskvec import metrics
+    from daskvec.transport import server
+
+    before = (server.recv_frames, server.send_frames, metrics.GroupStats.record_step)
+    timeline._hook_worker()
+    try:
+        assert (server.recv_frames, server.send_frames, metrics.GroupStats.record_step) != before
+    finally:
+        timeline._unhook_worker()
+    assert (server.recv_frames, server.send_frames, metrics.GroupStats.record_step) == before
+    assert not hasattr(server, "_timeline_stamps")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -26,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -737,3 +739,48 @@ def test_progress_lines_are_plain_text() -> None:
     assert progress.line(400, now[0]) == (
         "progress: 400/1000 env steps (40%), 40 env-steps/s overall, 2000 env-steps/s stepping the envs, ETA 15 s"
     )
+
+
+def test_an_embedded_vec_env_made_on_another_thread_meanwhile_joins_the_cluster_being_started(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thread A starts the embedded cluster; while its client is already Dask's default and A still asks the
+    scheduler for its dashboard, the main thread resolves ``client=None`` too. It must join A's cluster (and
+    keep it up after A closes), not take the client as a user's own (which A's close then closed under it)."""
+    import threading
+
+    from distributed import LocalCluster
+
+    from daskvec import cluster as cluster_module
+
+    if cluster_module._default_client() is not None:
+        pytest.skip("a default client of the test session is in the way")
+    caplog.set_level(logging.INFO, logger="daskvec.cluster")  # then A calls check_dashboard, after its Client exists
+    asked, release = threading.Event(), threading.Event()
+
+    def in_process_cluster(**kwargs: Any) -> Any:
+        return LocalCluster(n_workers=1, processes=False, dashboard_address=":0")
+
+    def slow_dashboard(client: Any) -> Any:
+        asked.set()
+        assert release.wait(60)
+        return check_dashboard(client)
+
+    check_dashboard = cluster_module.check_dashboard
+    monkeypatch.setattr(cluster_module, "embedded_cluster", in_process_cluster)
+    monkeypatch.setattr(cluster_module, "check_dashboard", slow_dashboard)
+    got: dict[str, Any] = {}
+    a = threading.Thread(target=lambda: got.update(a=cluster_module.resolve_client(None)))
+    a.start()
+    try:
+        assert asked.wait(60)
+        b = cluster_module.resolve_client(None)  # A's client is the default now; A has not returned yet
+    finally:
+        release.set()
+        a.join(60)
+    resolved_a = got["a"]
+    assert b.client is resolved_a.client and b.shared and resolved_a.shared
+    resolved_a.close()
+    assert b.client.status == "running"  # A's close left the cluster to B
+    b.close()
+    assert b.client.status == "closed" and cluster_module._EMBEDDED == {}
