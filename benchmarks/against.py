@@ -99,9 +99,10 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
     from daskvec.bench.scenarios import Options, _cases
 
     task = ENVPOOL_TASKS.get(scenario)
+    frame_stack = 0
     if task is None:
         (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
-        fns = [case.make] * n_envs
+        fns, frame_stack = [case.make] * n_envs, case.frame_stack
         makers: dict[str, Callable[[], Any]] = {"base": lambda: base_cls(fns), "head": lambda: DaskVecEnv(fns)}
     else:
         threads = len(os.sched_getaffinity(0))
@@ -117,10 +118,10 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
             with contextlib.suppress(Exception):  # the build's error is the one to see
                 venv.close()
         raise
-    if task is None and case.frame_stack:  # atari: VecFrameStack on the vec env, as daskvec bench has it
+    if frame_stack:  # atari: VecFrameStack on the vec env, as daskvec bench has it
         from stable_baselines3.common.vec_env import VecFrameStack
 
-        venvs = {k: VecFrameStack(v, case.frame_stack) for k, v in venvs.items()}
+        venvs = {k: VecFrameStack(v, frame_stack) for k, v in venvs.items()}
     return venvs
 
 

@@ -217,9 +217,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    handler = logging.StreamHandler()  # this module's lines only: the embedded cluster's stay at warnings
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # the embedded cluster's lines: warnings only
     logger.setLevel(logging.INFO)
-    logger.propagate = False
     main()

@@ -26,7 +26,7 @@ import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -61,12 +61,12 @@ __all__ = [
 _CONNECT_MARGIN = 1.0
 
 
-#: The embedded clusters of this process by ``id`` of their client, and their users: a vec
+#: The clients of this process's embedded clusters, and their users: a vec
 #: env made with ``client=None`` while one is the default client uses it too, and it closes
 #: with the last of them. ``_EMBEDDED_LOCK`` is held from reading the default client to
 #: registering a new cluster, and while the last user closes it: a vec env made on another
 #: thread meanwhile waits, then joins or starts a cluster of its own.
-_EMBEDDED: dict[int, list[Any]] = {}  # id(client) -> [client, vec envs using it]
+_EMBEDDED: dict[Any, int] = {}  # client (hashed by identity) -> vec envs using it
 _EMBEDDED_LOCK = threading.RLock()
 
 
@@ -89,13 +89,11 @@ class ResolvedClient:
                 return
             self.closed = True
             if self.shared:
-                entry = _EMBEDDED.get(id(self.client))
-                if entry is not None and entry[0] is self.client:
-                    entry[1] -= 1
-                    if entry[1] > 0:
-                        logger.info("daskvec's embedded LocalCluster stays up for %d other vec env(s)", entry[1])
-                        return
-                    del _EMBEDDED[id(self.client)]
+                others = _EMBEDDED.pop(self.client, 1) - 1
+                if others:
+                    _EMBEDDED[self.client] = others
+                    logger.info("daskvec's embedded LocalCluster stays up for %d other vec env(s)", others)
+                    return
                 self._close_owned(timeout)  # holding the lock: see _EMBEDDED
                 return
         self._close_owned(timeout)
@@ -119,20 +117,26 @@ def _embedded_client(cluster_kwargs: dict[str, Any] | None) -> ResolvedClient:
         current = _default_client()
         if current is not None:
             if cluster_kwargs:
-                raise ValueError(f"cluster_kwargs configures the embedded LocalCluster, which daskvec does not start "
-                                 f"with the default Client {current}: configure that one, or drop it")  # fmt: skip
-            entry = _EMBEDDED.get(id(current))
-            if entry is None or entry[0] is not current or current.status != "running":
+                _refuse_cluster_kwargs(f"the default Client {current}")
+            if current not in _EMBEDDED or current.status != "running":
                 return ResolvedClient(current)  # the user's own client
-            entry[1] += 1
-            logger.info("daskvec uses the embedded LocalCluster already running here (%d vec envs on it now)", entry[1])
+            _EMBEDDED[current] += 1
+            logger.info("daskvec uses the embedded LocalCluster already running here (%d vec envs on it now)",
+                        _EMBEDDED[current])  # fmt: skip
             return ResolvedClient(current, own_client=True, cluster=current.cluster, own_cluster=True, shared=True)
         cluster = embedded_cluster(**(cluster_kwargs or {}))
         c = Client(cluster, direct_to_workers=True)
-        _EMBEDDED[id(c)] = [c, 1]
+        _EMBEDDED[c] = 1
     if logger.isEnabledFor(logging.INFO):  # checking the pages costs a call to the scheduler
         logger.info("daskvec started a LocalCluster; %s", check_dashboard(c).describe())
     return ResolvedClient(c, own_client=True, cluster=cluster, own_cluster=True, shared=True)
+
+
+def _refuse_cluster_kwargs(given: str) -> NoReturn:
+    raise ValueError(
+        f"cluster_kwargs configures the embedded LocalCluster, which daskvec does not start with {given}: "
+        "configure that cluster instead, or drop cluster_kwargs"
+    )
 
 
 def _default_client() -> Any:
@@ -244,10 +248,7 @@ def resolve_client(
     if client is None:
         return _embedded_client(cluster_kwargs)
     if cluster_kwargs:
-        raise ValueError(
-            "cluster_kwargs configures the embedded LocalCluster, which daskvec does not start with "
-            f"client={type(client).__name__}: configure that cluster instead, or drop cluster_kwargs"
-        )
+        _refuse_cluster_kwargs(f"client={type(client).__name__}")
     if isinstance(client, Client):
         return ResolvedClient(client)
     if isinstance(client, str):

@@ -254,19 +254,15 @@ def check_main_guard() -> None:
 
     if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
         return  # a forked worker does not import the script again
-    path = _rerun_main_path()
-    if (
-        path is not None
-        and not os.path.isfile(path)
-        and not getattr(multiprocessing.current_process(), "_inheriting", False)
-    ):
+    path, child = _rerun_main_path(), getattr(multiprocessing.current_process(), "_inheriting", False)
+    if path is not None and not os.path.isfile(path) and not child:
         raise MissingMainGuardError(  # a script read from standard input: spawn would import a file that is not there
             f"daskvec cannot start its embedded Dask cluster from a main script with no file ({path!r}, e.g. read from "
             "standard input): Dask starts its worker processes with spawn, which imports the main script again from "
             "its file. Save the script to a file and run that, or pass client= a cluster started elsewhere"
         )
     where = _unguarded_main_line()
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
+    if child:
         # this process is a spawned child importing the main script: the guard is missing
         raise SystemExit(_main_guard_message(where or (_rerun_main_path() or "the main script", 0)))
     if where is not None:

@@ -164,8 +164,9 @@ def action_rows(actions: Any, n: int, space: gym.Space[Any], batched: gym.Space[
         rows: Any = actions if isinstance(actions, np.ndarray) else np.asarray(actions)
     else:  # Dict, Tuple, and spaces Gymnasium batches as a tuple of per-env actions
         rows = list(iterate(batched if batched is not None else batch_space(space, n), actions))
-    if getattr(rows, "ndim", 1) == 0 or len(rows) != n:  # a 0-d array (a bare number) has no len()
-        got = "a single action, not a batch of" if getattr(rows, "ndim", 1) == 0 else len(rows)
+    count = len(rows) if getattr(rows, "ndim", 1) else None  # a 0-d array (a bare number) has no len()
+    if count != n:
+        got = "a single action, not a batch of" if count is None else count
         raise ValueError(f"got {got} actions for {n} envs; pass one action per env (first axis of length {n})")
     return rows
 

@@ -57,13 +57,21 @@ class Run:
 
 
 def run_script(
-    tmp_path: Path, source: str, *, timeout: float = 240, name: str = "script.py", env: dict[str, str] | None = None
+    tmp_path: Path,
+    source: str,
+    *,
+    timeout: float = 240,
+    name: str = "script.py",
+    env: dict[str, str] | None = None,
+    stdin: bool = False,
 ) -> Run:
+    """Run ``source`` as ``python script.py`` would (``stdin=True``: as ``python - < script.py``)."""
     script = tmp_path / name
     script.write_text(textwrap.dedent(source))
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, "-" if stdin else str(script)],
+        input=script.read_text() if stdin else None,
         cwd=tmp_path,
         env=env or user_env(),
         stdout=subprocess.PIPE,
@@ -102,7 +110,8 @@ def test_a_script_read_from_standard_input_gets_one_error_before_anything_starts
 
     Before: 82 lines, two workers' ``FileNotFoundError: .../<stdin>`` and "EmbeddedNanny failed to start".
     """
-    source = textwrap.dedent(
+    run = run_script(
+        tmp_path,
         """\
         import gymnasium as gym
 
@@ -111,15 +120,14 @@ def test_a_script_read_from_standard_input_gets_one_error_before_anything_starts
         if __name__ == "__main__":
             env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2)
             env.close()
-        """
+        """,
+        stdin=True,
     )
-    proc = subprocess.run([sys.executable, "-"], input=source, cwd=tmp_path, env=user_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)  # fmt: skip
-    assert proc.returncode != 0
-    errors = [line for line in proc.stdout.splitlines() if line.startswith("daskvec.errors.MissingMainGuardError: ")]
-    assert len(errors) == 1, proc.stdout
-    assert "'<stdin>'" in errors[0] and "Save the script to a file" in errors[0], proc.stdout
-    assert "FileNotFoundError" not in proc.stdout and "Nanny failed" not in proc.stdout, proc.stdout
+    assert run.returncode != 0
+    errors = [line for line in run.lines if line.startswith("daskvec.errors.MissingMainGuardError: ")]
+    assert len(errors) == 1, run.output
+    assert "'<stdin>'" in errors[0] and "Save the script to a file" in errors[0], run.output
+    assert "FileNotFoundError" not in run.output and "Nanny failed" not in run.output, run.output
 
 
 @pytest.mark.timeout(300)

@@ -153,7 +153,7 @@ def _info_columns(infos: dict[int, dict[str, Any]], n: int) -> tuple[bytes, np.n
     # are distinct), each row's keys row 0's in its order (a dict has no key twice, so rows
     # whose keys laid end to end are ``keys`` repeated are each ``keys``), every key a plain
     # str (np.str_ compares equal to a str but would come back a str)
-    if _types(rows) != _ONLY_DICT or _types(positions) != _ONLY_INT or not 0 <= positions[0] <= positions[-1] < n:
+    if _types(rows) != _ONLY_DICT or _types(positions) != _ONLY_INT or positions[0] < 0 or positions[-1] >= n:
         return None
     if len(positions) > 1 and positions != sorted(positions):
         return None
