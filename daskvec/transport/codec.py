@@ -377,6 +377,33 @@ def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
     return b"".join(parts), extra
 
 
+#: The frames' header, tag and array description of a small step request, by the actions' layout.
+_REQUEST_HEAD: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+
+
+def _step_request_frames(obj: Any) -> list[bytes | memoryview] | None:
+    """The frames of ``("step", (actions,))`` with small actions of a layout sent before, else ``None``.
+
+    Two frames whose bytes on the wire are those :func:`_framed` makes of
+    :func:`_encode_step_request`'s record: the header, tag and description, cached per
+    layout, then the actions' bytes. The first request of a layout takes the long way
+    and fills the cache.
+    """
+    if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
+        return None
+    body = obj[1]
+    if type(body) is not tuple or len(body) != 1 or type(actions := body[0]) is not np.ndarray:
+        return None
+    head = _REQUEST_HEAD.get((actions.dtype, actions.shape))
+    if head is not None:
+        return [head, actions.tobytes()]
+    if not actions.dtype.hasobject and actions.nbytes < OUT_OF_BAND_MIN_BYTES:
+        frames = _framed(*cast(tuple[bytes, list[memoryview]], _encode_step_request(obj)))
+        _remember(_REQUEST_HEAD, (actions.dtype, actions.shape), b"".join(frames)[: -actions.nbytes or None])
+        return frames
+    return None
+
+
 def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[bytes, list[memoryview]] | None:
     """The compact form of a step reply, or None if it carries more than the flags can say.
 
@@ -445,9 +472,57 @@ def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[b
     return b"".join(parts), extra
 
 
+#: ``n`` zero bytes: the flags of a step in which no env of ``n`` ended its episode.
+_QUIET_FLAGS: dict[int, bytes] = {}
+
+
+def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None:
+    """The most common step reply, read with as few operations as it allows: ``None`` if ``payload`` is not one.
+
+    A compact reply with no masks and no infos, in which no episode ended, whose
+    observations are an array of a layout seen before, in the payload or the shared
+    window, and that ends with them. Anything else (and anything malformed) goes
+    through the full :func:`_decode_step`, which checks it and says what is wrong.
+    """
+    if len(payload) < _REPLY_HEAD.size or payload[0] != _STEP_REPLY:
+        return None
+    _, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
+    start = _REPLY_HEAD.size
+    zeros = _QUIET_FLAGS.get(n)
+    if zeros is None or payload[start : start + n] != zeros:
+        if zeros is None and 0 < n <= _META_CACHE_MAX:
+            _QUIET_FLAGS[n] = bytes(n)
+        return None
+    at = start + 9 * n  # after the flags and the float64 rewards
+    if len(payload) < at + _ARRAY_HEAD.size:
+        return None
+    end = at + _ARRAY_HEAD.size + payload[at] + 8 * payload[at + 1]
+    known = _META_IN.get(bytes(payload[at:end]))
+    if known is None:
+        return None
+    dtype, shape, count = known
+    if not shape or shape[0] != n:
+        return None
+    if count == -2 and window is not None and end == len(payload):
+        obs = window.array(dtype, shape)
+    elif count >= 0 and end + count * dtype.itemsize == len(payload):
+        obs = np.frombuffer(payload, dtype=dtype, count=count, offset=end).reshape(shape)
+    else:
+        return None
+    rewards = np.frombuffer(payload, dtype=_F8, count=n, offset=start + n)
+    if not rewards.flags.writeable:  # immutable bytes (the actor channel)
+        rewards, obs = rewards.copy(), (obs if count < 0 else obs.copy())
+    no = np.zeros(n, dtype=bool)
+    return StepReply(obs, rewards, no, no.copy(), EMPTY, EMPTY, EMPTY, EMPTY, env_seconds, None, True)
+
+
 def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     """Rebuild the message that the compact encoders wrote, as the pickle path would."""
     payload = frames[0]
+    if len(frames) == 1:
+        quiet = _decode_quiet(payload, window)
+        if quiet is not None:
+            return quiet
     extra = list(frames[1:])
     try:
         if payload[0] == _STEP_REQUEST:
@@ -531,7 +606,13 @@ def encode(obj: Any, window: WindowWriter | None = None) -> list[bytes | memoryv
     list of bytes-like
         ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
-    compact = _encode_step_reply(obj, window) if type(obj) is StepReply else _encode_step_request(obj)
+    if type(obj) is StepReply:
+        compact = _encode_step_reply(obj, window)
+    else:
+        request = _step_request_frames(obj)
+        if request is not None:
+            return request
+        compact = _encode_step_request(obj)
     if compact is not None:
         return _framed(*compact)
     buffers: list[pickle.PickleBuffer] = []

@@ -414,7 +414,15 @@ def write_frames(sock: socket.socket, frames: list[bytes | memoryview], timeout:
     OSError
         The socket failed (the peer is gone).
     """
-    views = [memoryview(f).cast("B") for f in frames]
+    sent = 0
+    if type(sock) is socket.socket:  # plain: the whole message usually leaves with one sendmsg
+        try:
+            sent = sock.sendmsg(frames)
+        except BlockingIOError:
+            sent = 0
+        if sent == sum(memoryview(f).nbytes for f in frames):
+            return
+    views = _drop_sent([memoryview(f).cast("B") for f in frames], sent)
     tls = isinstance(sock, ssl.SSLSocket)
     if tls and sum(v.nbytes for v in views) <= _JOIN_MAX:
         views = [memoryview(b"".join(views))]
@@ -428,11 +436,17 @@ def write_frames(sock: socket.socket, frames: list[bytes | memoryview], timeout:
             event = select.POLLIN if isinstance(e, ssl.SSLWantReadError) else select.POLLOUT
             _wait_for(sock, event, deadline, timeout)
             continue
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
+        views = _drop_sent(views, sent)
+
+
+def _drop_sent(views: list[memoryview], sent: int) -> list[memoryview]:
+    """``views`` without their first ``sent`` bytes (those a send took)."""
+    while views and sent >= views[0].nbytes:
+        sent -= views[0].nbytes
+        views.pop(0)
+    if views and sent:
+        views[0] = views[0][sent:]
+    return views
 
 
 def digest(token: bytes, role: bytes, nonce: bytes) -> bytes:
