@@ -101,6 +101,8 @@ _F8 = np.dtype("<f8")
 _META_OUT: dict[tuple[np.dtype[Any], tuple[int, ...], int], bytes] = {}
 _META_IN: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
 _META_CACHE_MAX = 256
+#: ``n`` zero bytes by ``n``: the flags of a step reply of ``n`` envs none of which ended its episode.
+_QUIET_FLAGS: dict[int, bytes] = {}
 _V = TypeVar("_V")
 
 
@@ -377,31 +379,64 @@ def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
     return b"".join(parts), extra
 
 
-#: The frames' header, tag and array description of a small step request, by the actions' layout.
-_REQUEST_HEAD: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+#: The header frame and the payload's tag and array description of a small step request, by the actions' layout.
+_REQUEST_HEAD: dict[tuple[np.dtype[Any], tuple[int, ...]], tuple[bytes, bytes]] = {}
 
 
 def _step_request_frames(obj: Any) -> list[bytes | memoryview] | None:
     """The frames of ``("step", (actions,))`` with small actions of a layout sent before, else ``None``.
 
-    Two frames whose bytes on the wire are those :func:`_framed` makes of
-    :func:`_encode_step_request`'s record: the header, tag and description, cached per
-    layout, then the actions' bytes. The first request of a layout takes the long way
-    and fills the cache.
+    The frames :func:`_framed` makes of :func:`_encode_step_request`'s record, from the
+    header and payload prefix cached per layout: the first request of a layout takes
+    the long way and fills the cache.
     """
     if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
         return None
     body = obj[1]
     if type(body) is not tuple or len(body) != 1 or type(actions := body[0]) is not np.ndarray:
         return None
-    head = _REQUEST_HEAD.get((actions.dtype, actions.shape))
-    if head is not None:
-        return [head, actions.tobytes()]
-    if not actions.dtype.hasobject and actions.nbytes < OUT_OF_BAND_MIN_BYTES:
-        frames = _framed(*cast(tuple[bytes, list[memoryview]], _encode_step_request(obj)))
-        _remember(_REQUEST_HEAD, (actions.dtype, actions.shape), b"".join(frames)[: -actions.nbytes or None])
-        return frames
-    return None
+    known = _REQUEST_HEAD.get((actions.dtype, actions.shape))
+    if known is not None:
+        return [known[0], known[1] + actions.tobytes()]
+    if actions.dtype.hasobject or actions.nbytes >= OUT_OF_BAND_MIN_BYTES:
+        return None
+    payload, _ = cast(tuple[bytes, list[memoryview]], _encode_step_request(obj))
+    frames = _framed(payload, [])
+    _remember(_REQUEST_HEAD, (actions.dtype, actions.shape), (bytes(frames[0]), payload[: len(payload) - actions.nbytes]))
+    return frames
+
+
+def _encode_quiet(reply: StepReply, window: WindowWriter | None) -> list[bytes | memoryview] | None:
+    """The frames of the most common step reply, or ``None`` if ``reply`` is not one.
+
+    No infos, masks, final observations, reset infos or restarts, no episode ended,
+    and small observations of one array (neither out of band nor for the shared
+    window): what :func:`_encode_step_reply` would write, with fewer checks to make.
+    """
+    obs, rewards = reply.obs, reply.rewards
+    if (
+        reply.infos or reply.final_obs or reply.reset_infos or reply.restarted or reply.masks is not None
+        or type(obs) is not np.ndarray or type(rewards) is not np.ndarray or rewards.ndim != 1
+    ):  # fmt: skip
+        return None
+    n = len(rewards)
+    zeros = _QUIET_FLAGS.get(n) or _remember(_QUIET_FLAGS, n, bytes(n))
+    terminated, truncated = reply.terminated, reply.truncated
+    if (
+        len(obs) != n or obs.nbytes >= OUT_OF_BAND_MIN_BYTES or obs.dtype.hasobject
+        or (window is not None and obs.nbytes >= WINDOW_MIN_BYTES)
+        or type(terminated) is not np.ndarray or terminated.dtype != np.bool_ or terminated.tobytes() != zeros
+        or type(truncated) is not np.ndarray or truncated.dtype != np.bool_ or truncated.tobytes() != zeros
+    ):  # fmt: skip
+        return None
+    meta = _META_OUT.get((obs.dtype, obs.shape, _INLINE))
+    if meta is None:
+        return None  # a layout not seen yet: the long way writes its description
+    payload = b"".join(
+        (_REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n), zeros, rewards.astype(_F8, copy=False).tobytes(),
+         meta, obs.tobytes())
+    )  # fmt: skip
+    return [_ONE_FRAME.pack(1, len(payload)), payload]
 
 
 def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[bytes, list[memoryview]] | None:
@@ -472,10 +507,6 @@ def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[b
     return b"".join(parts), extra
 
 
-#: ``n`` zero bytes: the flags of a step in which no env of ``n`` ended its episode.
-_QUIET_FLAGS: dict[int, bytes] = {}
-
-
 def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None:
     """The most common step reply, read with as few operations as it allows: ``None`` if ``payload`` is not one.
 
@@ -488,13 +519,11 @@ def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None
         return None
     _, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
     start = _REPLY_HEAD.size
-    zeros = _QUIET_FLAGS.get(n)
-    if zeros is None or payload[start : start + n] != zeros:
-        if zeros is None and 0 < n <= _META_CACHE_MAX:
-            _QUIET_FLAGS[n] = bytes(n)
-        return None
     at = start + 9 * n  # after the flags and the float64 rewards
     if len(payload) < at + _ARRAY_HEAD.size:
+        return None
+    zeros = _QUIET_FLAGS.get(n) or _remember(_QUIET_FLAGS, n, bytes(n))
+    if payload[start : start + n] != zeros:
         return None
     end = at + _ARRAY_HEAD.size + payload[at] + 8 * payload[at + 1]
     known = _META_IN.get(bytes(payload[at:end]))
@@ -519,12 +548,10 @@ def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None
 def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     """Rebuild the message that the compact encoders wrote, as the pickle path would."""
     payload = frames[0]
-    if len(frames) == 1:
-        quiet = _decode_quiet(payload, window)
-        if quiet is not None:
-            return quiet
     extra = list(frames[1:])
     try:
+        if len(frames) == 1 and (quiet := _decode_quiet(payload, window)) is not None:
+            return quiet
         if payload[0] == _STEP_REQUEST:
             actions, _ = _read_array(payload, 1, extra)
             return ("step", (actions,))
@@ -578,7 +605,13 @@ def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     return reply
 
 
+#: The header of a message of one frame: the count, then the frame's length.
+_ONE_FRAME = struct.Struct("!IQ")
+
+
 def _framed(payload: bytes | memoryview, extra: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    if not extra:
+        return [_ONE_FRAME.pack(1, memoryview(payload).nbytes), payload]
     lengths = [memoryview(payload).nbytes, *(memoryview(x).nbytes for x in extra)]
     header = COUNT.pack(len(lengths)) + struct.pack(f"!{len(lengths)}Q", *lengths)
     return [header, payload, *extra]
@@ -607,6 +640,9 @@ def encode(obj: Any, window: WindowWriter | None = None) -> list[bytes | memoryv
         ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
     if type(obj) is StepReply:
+        quiet = _encode_quiet(obj, window)
+        if quiet is not None:
+            return quiet
         compact = _encode_step_reply(obj, window)
     else:
         request = _step_request_frames(obj)
