@@ -40,6 +40,21 @@ def test_a_step_that_ends_no_episode_gives_plain_infos() -> None:
     assert rewards.tolist() == [0, 1, 2] and not dones.any()
 
 
+def test_a_reply_marked_quiet_is_written_as_the_same_reply_unmarked() -> None:
+    """The short way for replies the codec marked ``quiet`` writes what the checks would have found."""
+    written = []
+    for quiet in (False, True):
+        b = buffers(5)
+        b.dones[:] = True  # the previous step's, to be overwritten
+        b.infos[3] = {"terminal_observation": 1, "TimeLimit.truncated": True}
+        r = reply(3, quiet=quiet)
+        b.take_step(group([1, 3, 4]), r)
+        obs, rewards, dones, infos = b.result()
+        written.append((obs.tolist(), rewards.tolist(), dones.tolist(), infos))
+    assert written[0] == written[1]
+    assert written[1][2] == [True, False, True, False, False] and written[1][3][3] == {"TimeLimit.truncated": False}
+
+
 def test_info_rules_for_ended_truncated_and_restarted_envs() -> None:
     b = buffers(4)
     final = np.array([9, 9], dtype=np.float32)

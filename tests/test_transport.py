@@ -8,6 +8,7 @@ themselves. The busy-poll tests check the server's decision to poll (its ``polls
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -44,6 +45,7 @@ from daskvec.transport import (
     pack,
     unpack,
 )
+from daskvec.transport import codec
 from daskvec.transport.window import supported as window_supported
 from daskvec.transport.wire import FrameReader, write_frames
 from daskvec.worker import EnvGroup
@@ -174,6 +176,62 @@ def test_malformed_compact_messages_fail_clearly() -> None:
         decode([bytearray(b"\x09rest")])
     with pytest.raises(ChannelError, match="malformed"):
         decode([bytearray()])
+
+
+def test_a_huge_env_count_in_a_compact_reply_is_a_protocol_error() -> None:
+    """Hostile bytes: a reply that claims 2**32 - 1 envs is refused without allocating for them."""
+    head = struct.pack("<BdI", 2, 0.0, 2**32 - 1) + b"\0" * 64
+    with pytest.raises(ProtocolError, match="malformed compact"):
+        decode([bytearray(head)])
+
+
+def quieted(reply: StepReply) -> StepReply:
+    """``reply`` with no episode ended, nothing sparse and no masks: the most common reply."""
+    n = len(reply.rewards)
+    no = np.zeros(n, dtype=bool)
+    return dataclasses.replace(reply, terminated=no, truncated=no.copy(), final_obs={}, reset_infos={}, masks=None)
+
+
+def test_the_short_ways_write_the_bytes_of_the_long_ways_and_the_quiet_mark_never_lies() -> None:
+    """300 seeded replies, half of them quiet, each sent twice (the second time its layout is known):
+    the bytes are those the general encoder writes; a decoded reply is marked ``quiet`` exactly when
+    no env ended and it has no infos or masks, and is the same reply."""
+    rng = np.random.default_rng(31)
+    marked = 0
+    for k in range(300):
+        reply = random_step_reply(rng)
+        if rng.random() < 0.5:
+            reply = quieted(reply)
+        quiet = not (reply.terminated.any() or reply.truncated.any() or reply.final_obs or reply.reset_infos)
+        quiet = quiet and reply.masks is None
+        long_way = codec._framed(*codec._encode_step_reply(reply, None))  # type: ignore[misc]
+        for _ in range(2):
+            frames = encode(reply)
+            assert [bytes(memoryview(f).cast("B")) for f in frames] == [bytes(f) for f in long_way], f"reply {k}"
+            for got in (decode(wire(frames)), unpack(pack(reply))):
+                assert got.quiet == quiet, f"reply {k}: marked quiet={got.quiet}, is {quiet}"
+                assert same(got, reply), f"reply {k}: a field differs"
+                assert got.rewards.flags.writeable and (got.obs.flags.writeable or not quiet)
+                marked += got.quiet
+    assert marked >= 300  # the draw covers the quiet replies (about 150 of them, 4 reads each)
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [np.array([1, 0, 1]), np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), np.zeros(0, dtype=np.int64),
+     np.arange(4, dtype=">i4"), np.arange(12)[::3]],
+    ids=["int64", "float32 rows", "empty", "big-endian", "strided"],
+)  # fmt: skip
+def test_a_step_request_of_a_known_layout_is_the_bytes_of_the_long_way(actions: np.ndarray) -> None:
+    """The first request of a layout fills the cache; later ones, other values too, are written from it."""
+    codec._REQUEST_HEAD.clear()
+    for values in (actions, actions + 1, actions * 3):
+        request = ("step", (values,))
+        long_way = codec._framed(*codec._encode_step_request(request))  # type: ignore[misc]
+        frames = encode(request)
+        assert [bytes(f) for f in frames] == [bytes(f) for f in long_way]
+        assert same(decode(wire(frames)), request)
+    assert (actions.dtype, actions.shape) in codec._REQUEST_HEAD
 
 
 # --------------------------------------------------------------- compact replies: info columns

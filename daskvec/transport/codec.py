@@ -583,7 +583,7 @@ def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
         no = np.zeros(n, dtype=bool)
         return StepReply(
             obs, rewards, no, no.copy(), final_obs=EMPTY, infos=infos, reset_infos=EMPTY, restarted=EMPTY,
-            env_seconds=env_seconds, masks=masks,
+            env_seconds=env_seconds, masks=masks, quiet=masks is None and infos is EMPTY,
         )  # fmt: skip
     bits = np.frombuffer(flags, dtype=np.uint8)
     # a compact reply never carries restarts (see _encode_step_reply)
