@@ -39,13 +39,13 @@ from daskvec.transport import (
     ChannelServer,
     DirectChannel,
     ProtocolError,
+    codec,
     decode,
     encode,
     machine_id,
     pack,
     unpack,
 )
-from daskvec.transport import codec
 from daskvec.transport.window import supported as window_supported
 from daskvec.transport.wire import FrameReader, write_frames
 from daskvec.worker import EnvGroup

@@ -402,7 +402,9 @@ def _step_request_frames(obj: Any) -> list[bytes | memoryview] | None:
         return None
     payload, _ = cast(tuple[bytes, list[memoryview]], _encode_step_request(obj))
     frames = _framed(payload, [])
-    _remember(_REQUEST_HEAD, (actions.dtype, actions.shape), (bytes(frames[0]), payload[: len(payload) - actions.nbytes]))
+    _remember(
+        _REQUEST_HEAD, (actions.dtype, actions.shape), (bytes(frames[0]), payload[: len(payload) - actions.nbytes])
+    )
     return frames
 
 
