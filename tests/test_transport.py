@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import select
 import socket
 import stat
 import struct
@@ -929,6 +930,54 @@ def test_a_round_trip_is_one_send_one_poll_one_recv(server: ChannelServer, monke
     # on Linux a Unix channel reads with recvmsg, to take a shared window's descriptor with the bytes
     assert calls == {"sendmsg": 50, "recvmsg_into" if window_supported() else "recv_into": 50}
     assert waits.calls == 50
+
+
+def test_a_worker_reads_each_request_with_one_recv(server: ChannelServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving side: its connection blocks, so a request is one receive, with no poll and no mode switch."""
+    calls: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[..., Any]:
+        real = getattr(socket.socket, name)
+
+        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != client_thread:
+                calls[name] = calls.get(name, 0) + 1
+            return real(self, *args, **kwargs)
+
+        return call
+
+    assert server.unix_path is not None
+    ch = DirectChannel(server.unix_path, TOKEN)
+    client_thread = threading.get_ident()
+    ch.send(("step", (np.zeros(3),)))  # the serving loop has begun: its next receive is counted
+    assert ch.recv(10)[0] == "ok"
+    for name in ("settimeout", "setblocking", "recv", "recv_into", "recvmsg_into", "sendmsg", "sendall"):
+        monkeypatch.setattr(socket.socket, name, counting(name))
+    real_poll = select.poll
+    polls = [0]
+
+    class CountingPollFactory:
+        def __init__(self) -> None:
+            self.inner = real_poll()
+
+        def register(self, *args: Any) -> None:
+            self.inner.register(*args)
+
+        def poll(self, *args: Any) -> Any:
+            if threading.get_ident() != client_thread:
+                polls[0] += 1
+            return self.inner.poll(*args)
+
+    monkeypatch.setattr(select, "poll", CountingPollFactory)
+    for k in range(50):
+        ch.send(("step", (np.full(3, float(k)),)))
+        status, (_, (got,)) = ch.recv(10)
+        assert status == "ok" and got.tolist() == [float(k)] * 3
+    ch.close()
+    # the receive waiting when the counting began, or the one waiting after the last request, may be left out
+    assert calls.get("sendmsg", 0) == 50 and 49 <= calls.get("recv_into", 0) <= 51, calls
+    assert not ({"settimeout", "setblocking", "recv", "recvmsg_into"} & set(calls)), calls
+    assert polls[0] == 0
 
 
 def test_a_reply_cut_by_a_timeout_is_finished_by_the_next_receive() -> None:
