@@ -946,13 +946,6 @@ def test_a_worker_reads_each_request_with_one_recv(server: ChannelServer, monkey
 
         return call
 
-    assert server.unix_path is not None
-    ch = DirectChannel(server.unix_path, TOKEN)
-    client_thread = threading.get_ident()
-    ch.send(("step", (np.zeros(3),)))  # the serving loop has begun: its next receive is counted
-    assert ch.recv(10)[0] == "ok"
-    for name in ("settimeout", "setblocking", "recv", "recv_into", "recvmsg_into", "sendmsg", "sendall"):
-        monkeypatch.setattr(socket.socket, name, counting(name))
     real_poll = select.poll
     polls = [0]
 
@@ -969,6 +962,13 @@ def test_a_worker_reads_each_request_with_one_recv(server: ChannelServer, monkey
             return self.inner.poll(*args)
 
     monkeypatch.setattr(select, "poll", CountingPollFactory)
+    assert server.unix_path is not None
+    client_thread = threading.get_ident()
+    ch = DirectChannel(server.unix_path, TOKEN)  # the serving loop's reader is made with the counting poll
+    ch.send(("step", (np.zeros(3),)))  # the serving loop has begun: its next receive is counted
+    assert ch.recv(10)[0] == "ok"
+    for name in ("settimeout", "setblocking", "recv", "recv_into", "recvmsg_into", "sendmsg", "sendall"):
+        monkeypatch.setattr(socket.socket, name, counting(name))
     for k in range(50):
         ch.send(("step", (np.full(3, float(k)),)))
         status, (_, (got,)) = ch.recv(10)
