@@ -182,8 +182,14 @@ def test_malformed_compact_messages_fail_clearly() -> None:
 def test_a_huge_env_count_in_a_compact_reply_is_a_protocol_error() -> None:
     """Hostile bytes: a reply that claims 2**32 - 1 envs is refused without allocating for them."""
     head = struct.pack("<BdI", 2, 0.0, 2**32 - 1) + b"\0" * 64
-    with pytest.raises(ProtocolError, match="malformed compact"):
-        decode([bytearray(head)])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="malformed compact"):
+            decode([bytearray(head)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"a reply claiming 2**32 - 1 envs allocated {peak} bytes"
 
 
 def quieted(reply: StepReply) -> StepReply:
@@ -215,6 +221,19 @@ def test_the_short_ways_write_the_bytes_of_the_long_ways_and_the_quiet_mark_neve
                 assert got.rewards.flags.writeable and (got.obs.flags.writeable or not quiet)
                 marked += got.quiet
     assert marked >= 300  # the draw covers the quiet replies (about 150 of them, 4 reads each)
+
+
+@pytest.mark.parametrize("flag", ["terminated", "truncated"])
+@pytest.mark.parametrize("pos", [0, 2])
+def test_an_episode_end_alone_is_never_written_or_read_as_quiet(flag: str, pos: int) -> None:
+    """An env that ended with no final observation, reset or infos sent (a group that does not
+    reset at once): the flag alone must keep the reply off the short ways."""
+    ended = np.arange(3) == pos
+    reply = quieted(step_reply(np.arange(6, dtype=np.float32).reshape(3, 2)))
+    reply = dataclasses.replace(reply, **{flag: ended})
+    for _ in range(2):  # the second time the layout is known
+        got = decode(wire(encode(reply)))
+        assert not got.quiet and getattr(got, flag).tolist() == ended.tolist() and same(got, reply)
 
 
 @pytest.mark.parametrize(
