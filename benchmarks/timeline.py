@@ -37,12 +37,11 @@ def _hook_worker() -> None:
 
     stamps: list[tuple[str, float]] = []
     setattr(server, "_timeline_stamps", stamps)  # noqa: B010 - read back by _worker_stamps
-    recv, send, record = server.recv_frames, server.send_frames, metrics.GroupStats.record_step
+    decode, send, record = server.decode, server.send_frames, metrics.GroupStats.record_step
 
-    def recv_frames(*args: Any, **kwargs: Any) -> Any:
-        frames = recv(*args, **kwargs)
-        stamps.append(("read", time.perf_counter()))
-        return frames
+    def decode_request(*args: Any, **kwargs: Any) -> Any:
+        stamps.append(("read", time.perf_counter()))  # the serving loop decodes what it has just read
+        return decode(*args, **kwargs)
 
     def send_frames(*args: Any, **kwargs: Any) -> Any:
         stamps.append(("send", time.perf_counter()))
@@ -56,8 +55,8 @@ def _hook_worker() -> None:
         stamps.append(("env_seconds", seconds))
         record(self, n_envs, seconds)
 
-    recv_frames.__wrapped__, send_frames.__wrapped__, record_step.__wrapped__ = recv, send, record  # type: ignore[attr-defined]
-    server.recv_frames, server.send_frames = recv_frames, send_frames
+    decode_request.__wrapped__, send_frames.__wrapped__, record_step.__wrapped__ = decode, send, record  # type: ignore[attr-defined]
+    server.decode, server.send_frames = decode_request, send_frames
     metrics.GroupStats.record_step = record_step  # type: ignore[method-assign]
 
 
@@ -66,7 +65,7 @@ def _unhook_worker() -> None:
     from daskvec import metrics
     from daskvec.transport import server
 
-    for module, name in ((server, "recv_frames"), (server, "send_frames"), (metrics.GroupStats, "record_step")):
+    for module, name in ((server, "decode"), (server, "send_frames"), (metrics.GroupStats, "record_step")):
         wrapped = getattr(module, name)
         original = getattr(wrapped, "__wrapped__", None)
         if original is not None:

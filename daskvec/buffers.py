@@ -96,6 +96,12 @@ class StepBuffers:
         """Write a group's step reply: observations, rewards, dones, and the SB3 infos."""
         self.write_obs(group, reply.obs)
         self.rewards[group.index] = reply.rewards
+        if reply.quiet:  # no episode ended, no infos (most steps): nothing to check
+            self.dones[group.index] = False
+            infos = self.infos
+            for i in group.env_indices:
+                infos[i] = {"TimeLimit.truncated": False}
+            return
         terminated, truncated = reply.terminated, reply.truncated
         self.dones[group.index] = terminated | truncated
         indices = group.env_indices

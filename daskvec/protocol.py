@@ -397,6 +397,12 @@ class StepReply:
         The envs' action masks after this step (and any automatic reset), stacked,
         when every env of the group has an ``action_masks`` method; ``None``
         otherwise. The client answers ``env_method("action_masks")`` from them.
+    quiet : bool
+        ``True`` only when the reply is known to be the most common one: no episode
+        ended, no env returned infos or was rebuilt, no masks (``terminated`` and
+        ``truncated`` all ``False``, the dicts empty, ``masks`` ``None``). The codec's
+        decoding of such a reply sets it, so that the client's buffers need not check;
+        ``False`` says nothing.
     """
 
     obs: Any
@@ -409,6 +415,7 @@ class StepReply:
     restarted: dict[int, dict[str, Any]] = field(default_factory=dict)
     env_seconds: float = 0.0
     masks: Any = None
+    quiet: bool = False
 
     @property
     def dones(self) -> np.ndarray:

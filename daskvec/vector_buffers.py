@@ -205,6 +205,12 @@ class VectorBuffers:
         self.write_obs(group, reply.obs)
         index = group.index
         self.rewards[index] = reply.rewards
+        if reply.quiet:  # no episode ended, no infos (most steps): nothing to check
+            self.terminations[index] = self.truncations[index] = False
+            infos = self.infos
+            for i in group.env_indices:
+                infos[i] = []
+            return
         self.terminations[index] = reply.terminated
         self.truncations[index] = reply.truncated
         same_step = self.autoreset is Autoreset.SAME_STEP

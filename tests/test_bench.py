@@ -756,11 +756,11 @@ def test_timeline_unhooks_the_workers_it_hooked() -> None:
     from daskvec import metrics
     from daskvec.transport import server
 
-    before = (server.recv_frames, server.send_frames, metrics.GroupStats.record_step)
+    before = (server.decode, server.send_frames, metrics.GroupStats.record_step)
     timeline._hook_worker()
     try:
-        assert (server.recv_frames, server.send_frames, metrics.GroupStats.record_step) != before
+        assert (server.decode, server.send_frames, metrics.GroupStats.record_step) != before
     finally:
         timeline._unhook_worker()
-    assert (server.recv_frames, server.send_frames, metrics.GroupStats.record_step) == before
+    assert (server.decode, server.send_frames, metrics.GroupStats.record_step) == before
     assert not hasattr(server, "_timeline_stamps")

@@ -6,10 +6,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from daskvec.buffers import StepBuffers
 from daskvec.groups import Group
-from daskvec.protocol import INFO_KEY, StepReply
+from daskvec.protocol import INFO_KEY, Autoreset, StepReply
+from daskvec.vector_buffers import VectorBuffers
 
 
 def group(indices: list[int]) -> Group:
@@ -38,6 +40,35 @@ def test_a_step_that_ends_no_episode_gives_plain_infos() -> None:
     _, rewards, dones, infos = b.result()
     assert infos == [{"TimeLimit.truncated": False}] * 3
     assert rewards.tolist() == [0, 1, 2] and not dones.any()
+
+
+def test_a_reply_marked_quiet_is_written_as_the_same_reply_unmarked() -> None:
+    """The short way for replies the codec marked ``quiet`` writes what the checks would have found."""
+    written = []
+    for quiet in (False, True):
+        b = buffers(5)
+        b.dones[:] = True  # the previous step's, to be overwritten
+        b.infos[3] = {"terminal_observation": 1, "TimeLimit.truncated": True}
+        r = reply(3, quiet=quiet)
+        b.take_step(group([1, 3, 4]), r)
+        obs, rewards, dones, infos = b.result()
+        written.append((obs.tolist(), rewards.tolist(), dones.tolist(), infos))
+    assert written[0] == written[1]
+    assert written[1][2] == [True, False, True, False, False] and written[1][3][3] == {"TimeLimit.truncated": False}
+
+
+@pytest.mark.parametrize("autoreset", list(Autoreset))
+def test_the_gymnasium_buffers_write_a_reply_marked_quiet_as_the_same_reply_unmarked(autoreset: Autoreset) -> None:
+    written = []
+    for quiet in (False, True):
+        b = VectorBuffers(gym.spaces.Box(-10, 10, (2,), np.float32), 5, autoreset)
+        b.terminations[:] = b.truncations[:] = True  # the previous step's, to be overwritten
+        b.infos[3] = [{"final_obs": 1}]
+        b.take_step(group([1, 3, 4]), reply(3, quiet=quiet))
+        obs, rewards, terminations, truncations, infos = b.result()
+        written.append((obs.tolist(), rewards.tolist(), terminations.tolist(), truncations.tolist(), repr(infos)))
+    assert written[0] == written[1]
+    assert written[1][2] == [True, False, True, False, False] and written[1][3] == written[1][2]
 
 
 def test_info_rules_for_ended_truncated_and_restarted_envs() -> None:

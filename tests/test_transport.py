@@ -8,11 +8,13 @@ themselves. The busy-poll tests check the server's decision to poll (its ``polls
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
 import os
 import secrets
+import select
 import socket
 import stat
 import struct
@@ -38,6 +40,7 @@ from daskvec.transport import (
     ChannelServer,
     DirectChannel,
     ProtocolError,
+    codec,
     decode,
     encode,
     machine_id,
@@ -66,6 +69,7 @@ def same(a: object, b: object) -> bool:
     """Equal values of equal types, arrays by dtype, shape and content, dicts in key order.
 
     A decoded reply's empty columns may be the shared read-only :data:`EMPTY`: equal to any empty dict.
+    A step reply's ``quiet`` is a hint the decoder adds (checked by its own tests), not part of the value.
     """
     if a is EMPTY or b is EMPTY:
         return isinstance(a, dict) and isinstance(b, dict) and not a and not b
@@ -73,7 +77,7 @@ def same(a: object, b: object) -> bool:
         return False
     if isinstance(a, StepReply):
         assert isinstance(b, StepReply)
-        return all(same(getattr(a, f), getattr(b, f)) for f in StepReply.__slots__)
+        return all(same(getattr(a, f), getattr(b, f)) for f in StepReply.__slots__ if f != "quiet")
     if isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray)
         return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
@@ -173,6 +177,81 @@ def test_malformed_compact_messages_fail_clearly() -> None:
         decode([bytearray(b"\x09rest")])
     with pytest.raises(ChannelError, match="malformed"):
         decode([bytearray()])
+
+
+def test_a_huge_env_count_in_a_compact_reply_is_a_protocol_error() -> None:
+    """Hostile bytes: a reply that claims 2**32 - 1 envs is refused without allocating for them."""
+    head = struct.pack("<BdI", 2, 0.0, 2**32 - 1) + b"\0" * 64
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="malformed compact"):
+            decode([bytearray(head)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"a reply claiming 2**32 - 1 envs allocated {peak} bytes"
+
+
+def quieted(reply: StepReply) -> StepReply:
+    """``reply`` with no episode ended, nothing sparse and no masks: the most common reply."""
+    n = len(reply.rewards)
+    no = np.zeros(n, dtype=bool)
+    return dataclasses.replace(reply, terminated=no, truncated=no.copy(), final_obs={}, reset_infos={}, masks=None)
+
+
+def test_the_short_ways_write_the_bytes_of_the_long_ways_and_the_quiet_mark_never_lies() -> None:
+    """300 seeded replies, half of them quiet, each sent twice (the second time its layout is known):
+    the bytes are those the general encoder writes; a decoded reply is marked ``quiet`` exactly when
+    no env ended and it has no infos or masks, and is the same reply."""
+    rng = np.random.default_rng(31)
+    marked = 0
+    for k in range(300):
+        reply = random_step_reply(rng)
+        if rng.random() < 0.5:
+            reply = quieted(reply)
+        quiet = not (reply.terminated.any() or reply.truncated.any() or reply.final_obs or reply.reset_infos)
+        quiet = quiet and reply.masks is None
+        long_way = codec._framed(*codec._encode_step_reply(reply, None))  # type: ignore[misc]
+        for _ in range(2):
+            frames = encode(reply)
+            assert [bytes(memoryview(f).cast("B")) for f in frames] == [bytes(f) for f in long_way], f"reply {k}"
+            for got in (decode(wire(frames)), unpack(pack(reply))):
+                assert got.quiet == quiet, f"reply {k}: marked quiet={got.quiet}, is {quiet}"
+                assert same(got, reply), f"reply {k}: a field differs"
+                assert got.rewards.flags.writeable and (got.obs.flags.writeable or not quiet)
+                marked += got.quiet
+    assert marked >= 300  # the draw covers the quiet replies (about 150 of them, 4 reads each)
+
+
+@pytest.mark.parametrize("flag", ["terminated", "truncated"])
+@pytest.mark.parametrize("pos", [0, 2])
+def test_an_episode_end_alone_is_never_written_or_read_as_quiet(flag: str, pos: int) -> None:
+    """An env that ended with no final observation, reset or infos sent (a group that does not
+    reset at once): the flag alone must keep the reply off the short ways."""
+    ended = np.arange(3) == pos
+    reply = quieted(step_reply(np.arange(6, dtype=np.float32).reshape(3, 2)))
+    reply = dataclasses.replace(reply, **{flag: ended})
+    for _ in range(2):  # the second time the layout is known
+        got = decode(wire(encode(reply)))
+        assert not got.quiet and getattr(got, flag).tolist() == ended.tolist() and same(got, reply)
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [np.array([1, 0, 1]), np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), np.zeros(0, dtype=np.int64),
+     np.arange(4, dtype=">i4"), np.arange(12)[::3]],
+    ids=["int64", "float32 rows", "empty", "big-endian", "strided"],
+)  # fmt: skip
+def test_a_step_request_of_a_known_layout_is_the_bytes_of_the_long_way(actions: np.ndarray) -> None:
+    """The first request of a layout fills the cache; later ones, other values too, are written from it."""
+    codec._REQUEST_HEAD.clear()
+    for values in (actions, actions + 1, actions * 3):
+        request = ("step", (values,))
+        long_way = codec._framed(*codec._encode_step_request(request))  # type: ignore[misc]
+        frames = encode(request)
+        assert [bytes(f) for f in frames] == [bytes(f) for f in long_way]
+        assert same(decode(wire(frames)), request)
+    assert (actions.dtype, actions.shape) in codec._REQUEST_HEAD
 
 
 # --------------------------------------------------------------- compact replies: info columns
@@ -870,6 +949,54 @@ def test_a_round_trip_is_one_send_one_poll_one_recv(server: ChannelServer, monke
     # on Linux a Unix channel reads with recvmsg, to take a shared window's descriptor with the bytes
     assert calls == {"sendmsg": 50, "recvmsg_into" if window_supported() else "recv_into": 50}
     assert waits.calls == 50
+
+
+def test_a_worker_reads_each_request_with_one_recv(server: ChannelServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving side: its connection blocks, so a request is one receive, with no poll and no mode switch."""
+    calls: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[..., Any]:
+        real = getattr(socket.socket, name)
+
+        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != client_thread:
+                calls[name] = calls.get(name, 0) + 1
+            return real(self, *args, **kwargs)
+
+        return call
+
+    real_poll = select.poll
+    polls = [0]
+
+    class CountingPollFactory:
+        def __init__(self) -> None:
+            self.inner = real_poll()
+
+        def register(self, *args: Any) -> None:
+            self.inner.register(*args)
+
+        def poll(self, *args: Any) -> Any:
+            if threading.get_ident() != client_thread:
+                polls[0] += 1
+            return self.inner.poll(*args)
+
+    monkeypatch.setattr(select, "poll", CountingPollFactory)
+    assert server.unix_path is not None
+    client_thread = threading.get_ident()
+    ch = DirectChannel(server.unix_path, TOKEN)  # the serving loop's reader is made with the counting poll
+    ch.send(("step", (np.zeros(3),)))  # the serving loop has begun: its next receive is counted
+    assert ch.recv(10)[0] == "ok"
+    for name in ("settimeout", "setblocking", "recv", "recv_into", "recvmsg_into", "sendmsg", "sendall"):
+        monkeypatch.setattr(socket.socket, name, counting(name))
+    for k in range(50):
+        ch.send(("step", (np.full(3, float(k)),)))
+        status, (_, (got,)) = ch.recv(10)
+        assert status == "ok" and got.tolist() == [float(k)] * 3
+    ch.close()
+    # the receive waiting when the counting began, or the one waiting after the last request, may be left out
+    assert calls.get("sendmsg", 0) == 50 and 49 <= calls.get("recv_into", 0) <= 51, calls
+    assert not ({"settimeout", "setblocking", "recv", "recvmsg_into"} & set(calls)), calls
+    assert polls[0] == 0
 
 
 def test_a_reply_cut_by_a_timeout_is_finished_by_the_next_receive() -> None:

@@ -26,11 +26,11 @@ from daskvec.transport.wire import (
     HANDSHAKE_TIMEOUT,
     NONCE_BYTES,
     ChannelError,
+    FrameReader,
     ProtocolError,
     RateLimitedLog,
     digest,
     recv_exact,
-    recv_frames,
     send_frames,
 )
 
@@ -436,6 +436,7 @@ class ChannelServer:
         me = id(conn)
         only_me = {me}
         contended, calm_from = 0, 0.0  # polls in a row on a contended core; no polls before calm_from
+        reader = FrameReader(conn)  # the connection is blocking: each read waits by itself
         while not self._closed.is_set():
             # polls: quick client, no other hot connection here, not paused for contention
             if misses < _POLL_MISSES and _HOT.issubset(only_me) and (not calm_from or time.perf_counter() >= calm_from):
@@ -451,7 +452,7 @@ class ChannelServer:
                     if contended == CONTENDED_POLLS:
                         contended, calm_from = 0, time.perf_counter() + CONTENDED_PAUSE
             try:
-                request = decode(recv_frames(conn))
+                request = decode(reader.read(None))
             except ProtocolError as e:
                 logger.warning("daskvec channel %s dropped a connection from %s: %s", self._name, peer, e)
                 return

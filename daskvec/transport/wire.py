@@ -11,11 +11,12 @@ grows only as the bytes arrive, so a header that claims a gigabyte costs nothing
 gigabyte has actually been sent, and a message larger than :data:`MAX_MESSAGE_BYTES` is
 refused outright.
 
-The worker side reads and writes blocking sockets (:func:`recv_frames`,
-:func:`send_frames`). The client side keeps each socket non-blocking for its whole life
-and waits with ``poll`` (:class:`FrameReader`, :func:`write_frames`): a step then costs
-it one ``sendmsg``, one ``poll`` and, when the reply fits the buffer sized from the
-previous one, one ``recv`` per group, with no switch of the socket's mode in between.
+The worker side reads and writes blocking sockets (:class:`FrameReader`, whose
+receive waits by itself there, and :func:`send_frames`): a request usually costs it one
+``recv``. The client side keeps each socket non-blocking for its whole life and waits
+with ``poll`` (:class:`FrameReader`, :func:`write_frames`): a step then costs it one
+``sendmsg``, one ``poll`` and, when the reply fits the buffer sized from the previous
+one, one ``recv`` per group, with no switch of the socket's mode in between.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ __all__ = [
     "digest",
     "machine_id",
     "recv_exact",
-    "recv_frames",
     "send_frames",
     "write_frames",
 ]
@@ -138,27 +138,6 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 _FIRST = struct.Struct("!IQ")
 
 
-def recv_frames(sock: socket.socket) -> list[bytearray]:
-    """Read one message and return its frames (without the header).
-
-    Raises
-    ------
-    ProtocolError
-        A header that announces no frame, too many, or more than
-        :data:`MAX_MESSAGE_BYTES` in all.
-    ChannelError
-        The peer closed the connection.
-    """
-    # Every message has at least one frame: read the count and the first length at once.
-    count, first = _FIRST.unpack(recv_exact(sock, _FIRST.size))
-    if not 0 < count <= MAX_FRAMES:
-        raise ProtocolError(f"malformed message header ({count} frames)")
-    lengths = (first, *struct.unpack(f"!{count - 1}Q", recv_exact(sock, 8 * (count - 1)))) if count > 1 else (first,)
-    if sum(lengths) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message too large ({sum(lengths)} bytes announced, at most {MAX_MESSAGE_BYTES})")
-    return [recv_exact(sock, n) for n in lengths]
-
-
 # --------------------------------------------------------------------------- non-blocking sockets
 #: ``recvmsg``'s flag of ancillary data cut short, as a plain int (the enum's ``&`` costs a microsecond).
 _CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
@@ -174,7 +153,7 @@ def _header_size(count: int) -> int:
 
 
 class FrameReader:
-    """Read whole messages from a non-blocking socket, in as few system calls as the bytes allow.
+    """Read whole messages from a socket, in as few system calls as the bytes allow.
 
     Each message is read into a fresh buffer (the frames it gives back, and arrays
     decoded from them, stay valid) sized twice the previous message, so that a reply
@@ -184,10 +163,15 @@ class FrameReader:
     timeout cut short is kept, and the next :meth:`read` goes on with it, so the stream
     never falls out of step.
 
+    On a non-blocking socket (the client's) each wait is a ``poll`` with the read's
+    deadline; on a blocking one (a worker's connection, read with no timeout) the
+    receive waits by itself: a request then costs one ``recv``.
+
     Parameters
     ----------
     sock : socket.socket
-        A connected socket, plain or TLS, in non-blocking mode.
+        A connected socket, plain or TLS: non-blocking, or blocking and read with
+        ``timeout=None``.
     fds : bool, optional
         Also take the descriptors a peer passes (``SCM_RIGHTS``, a Unix socket): each
         read is a ``recvmsg``, and :meth:`take_fds` hands them out.
@@ -196,6 +180,7 @@ class FrameReader:
     def __init__(self, sock: socket.socket, fds: bool = False) -> None:
         self._sock = sock
         self._tls = isinstance(sock, ssl.SSLSocket)
+        self._blocking = sock.gettimeout() is None  # its receive waits by itself
         self._fds: list[int] = []
         self._with_fds = fds
         self._readable = select.poll()
@@ -226,11 +211,14 @@ class FrameReader:
         OSError
             The socket failed.
         """
+        if timeout is not None and self._blocking:
+            raise ValueError("a blocking socket's receive cannot keep a timeout: read it with timeout=None")
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._buf is None and not self._tls:
             # the common case, kept short: a new message on a plain socket, often a
             # single frame (a compact step reply) that one recv brings whole
-            self._wait(deadline, timeout)
+            if not self._blocking:
+                self._wait(deadline, timeout)
             buf = self._buf = bytearray(self._size)
             try:
                 if self._with_fds:  # inline: this path runs twice per step of a light workload
@@ -260,7 +248,7 @@ class FrameReader:
             self._got = 0
         # a plain socket drained by the last recv has nothing before poll says so; a TLS
         # socket may hold decrypted bytes that poll cannot see
-        wait = not self._buffered()
+        wait = not self._blocking and not self._buffered()
         while True:
             need = self._need(buf)
             if self._got >= need and self._lengths is not None:
@@ -284,7 +272,7 @@ class FrameReader:
             self._got += k
             # a short read took all the socket had: wait for more (unless TLS has decrypted bytes
             # buffered); a full buffer is grown and read again at once
-            wait = self._got < len(buf) and not self._buffered()
+            wait = self._got < len(buf) and not self._blocking and not self._buffered()
 
     def _recv_fds(self, view: memoryview) -> int:
         """``recv_into`` that keeps the descriptors passed with the bytes (the fast path in :meth:`read` inlines it)."""
@@ -414,7 +402,15 @@ def write_frames(sock: socket.socket, frames: list[bytes | memoryview], timeout:
     OSError
         The socket failed (the peer is gone).
     """
-    views = [memoryview(f).cast("B") for f in frames]
+    sent = 0
+    if type(sock) is socket.socket:  # plain: the whole message usually leaves with one sendmsg
+        try:
+            sent = sock.sendmsg(frames)
+        except BlockingIOError:
+            sent = 0
+        if sent == sum(memoryview(f).nbytes for f in frames):
+            return
+    views = _drop_sent([memoryview(f).cast("B") for f in frames], sent)
     tls = isinstance(sock, ssl.SSLSocket)
     if tls and sum(v.nbytes for v in views) <= _JOIN_MAX:
         views = [memoryview(b"".join(views))]
@@ -428,11 +424,17 @@ def write_frames(sock: socket.socket, frames: list[bytes | memoryview], timeout:
             event = select.POLLIN if isinstance(e, ssl.SSLWantReadError) else select.POLLOUT
             _wait_for(sock, event, deadline, timeout)
             continue
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
+        views = _drop_sent(views, sent)
+
+
+def _drop_sent(views: list[memoryview], sent: int) -> list[memoryview]:
+    """``views`` without their first ``sent`` bytes (those a send took)."""
+    while views and sent >= views[0].nbytes:
+        sent -= views[0].nbytes
+        views.pop(0)
+    if views and sent:
+        views[0] = views[0][sent:]
+    return views
 
 
 def digest(token: bytes, role: bytes, nonce: bytes) -> bytes:
