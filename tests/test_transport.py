@@ -223,6 +223,23 @@ def test_the_short_ways_write_the_bytes_of_the_long_ways_and_the_quiet_mark_neve
     assert marked >= 300  # the draw covers the quiet replies (about 150 of them, 4 reads each)
 
 
+def test_flags_of_another_shape_or_a_huge_group_take_the_general_way() -> None:
+    """End flags that are not one per env stay off the short way (the general encoder pickles them);
+    a group of more envs than the flag cache holds is written and read the general way, and comes back."""
+    reply = quieted(step_reply(np.arange(6, dtype=np.float32).reshape(3, 2)))
+    column = dataclasses.replace(reply, terminated=np.zeros((3, 1), dtype=bool))
+    assert memoryview(encode(reply)[1])[0] == 0x02  # the layout is known now: the short way is open
+    assert memoryview(encode(column)[1])[0] == 0x80
+    n = codec._QUIET_MAX_ENVS + 1
+    big = quieted(step_reply(np.zeros((n, 1), dtype=np.float32), rewards=np.ones(n)))
+    for _ in range(2):
+        frames = encode(big)
+        assert memoryview(frames[1])[0] == 0x02
+        got = decode(wire(frames))
+        assert same(got, big) and got.quiet
+    assert n not in codec._QUIET_FLAGS
+
+
 @pytest.mark.parametrize("flag", ["terminated", "truncated"])
 @pytest.mark.parametrize("pos", [0, 2])
 def test_an_episode_end_alone_is_never_written_or_read_as_quiet(flag: str, pos: int) -> None:

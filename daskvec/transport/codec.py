@@ -105,6 +105,16 @@ _REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then 
 _F8 = np.dtype("<f8")
 #: ``n`` zero bytes by ``n``: the flags of a step reply of ``n`` envs none of which ended its episode.
 _QUIET_FLAGS: dict[int, bytes] = {}
+#: Groups of more envs than this take the general way (the zero flags are not cached for them).
+_QUIET_MAX_ENVS = 4096
+
+
+def _no_flags(n: int) -> bytes | None:
+    """``n`` zero bytes, cached (``None`` for more than :data:`_QUIET_MAX_ENVS` envs: the general way)."""
+    zeros = _QUIET_FLAGS.get(n)
+    if zeros is None and 0 < n <= _QUIET_MAX_ENVS:
+        zeros = remember(_QUIET_FLAGS, n, bytes(n))
+    return zeros
 
 
 def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
@@ -166,13 +176,14 @@ def _encode_quiet(reply: StepReply, window: WindowWriter | None) -> list[bytes |
     ):  # fmt: skip
         return None
     n = len(rewards)
-    zeros = _QUIET_FLAGS.get(n) or remember(_QUIET_FLAGS, n, bytes(n))
+    zeros = _no_flags(n)
     terminated, truncated = reply.terminated, reply.truncated
     if (
-        len(obs) != n or obs.nbytes >= OUT_OF_BAND_MIN_BYTES or obs.dtype.hasobject
+        zeros is None or len(obs) != n or obs.nbytes >= OUT_OF_BAND_MIN_BYTES or obs.dtype.hasobject
         or (window is not None and obs.nbytes >= WINDOW_MIN_BYTES)
-        or type(terminated) is not np.ndarray or terminated.dtype != np.bool_ or terminated.tobytes() != zeros
-        or type(truncated) is not np.ndarray or truncated.dtype != np.bool_ or truncated.tobytes() != zeros
+        or type(terminated) is not np.ndarray or terminated.dtype != np.bool_ or terminated.shape != (n,)
+        or type(truncated) is not np.ndarray or truncated.dtype != np.bool_ or truncated.shape != (n,)
+        or terminated.tobytes() != zeros or truncated.tobytes() != zeros
     ):  # fmt: skip
         return None
     meta = META_OUT.get((obs.dtype, obs.shape, INLINE))
@@ -268,8 +279,8 @@ def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None
     at = start + 9 * n  # after the flags and the float64 rewards
     if len(payload) < at + ARRAY_HEAD.size:
         return None
-    zeros = _QUIET_FLAGS.get(n) or remember(_QUIET_FLAGS, n, bytes(n))
-    if payload[start : start + n] != zeros:
+    zeros = _no_flags(n)
+    if zeros is None or payload[start : start + n] != zeros:
         return None
     end = at + ARRAY_HEAD.size + payload[at] + 8 * payload[at + 1]
     known = META_IN.get(bytes(payload[at:end]))

@@ -138,7 +138,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 _FIRST = struct.Struct("!IQ")
 
 
-# --------------------------------------------------------------------------- non-blocking sockets
+# --------------------------------------------------------------------------- reading whole messages
 #: ``recvmsg``'s flag of ancillary data cut short, as a plain int (the enum's ``&`` costs a microsecond).
 _CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
 #: Descriptors received are closed in any program this process starts.
@@ -210,6 +210,8 @@ class FrameReader:
             The peer closed the connection.
         OSError
             The socket failed.
+        ValueError
+            A ``timeout`` for a blocking socket, whose receive cannot keep one.
         """
         if timeout is not None and self._blocking:
             raise ValueError("a blocking socket's receive cannot keep a timeout: read it with timeout=None")
