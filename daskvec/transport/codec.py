@@ -117,15 +117,20 @@ def _no_flags(n: int) -> bytes | None:
     return zeros
 
 
-def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
-    """The compact form of ``("step", (actions,))``, or None if ``obj`` is not one."""
+def _step_actions(obj: Any) -> np.ndarray | None:
+    """The actions of ``("step", (actions,))`` when they can travel raw, else ``None`` (a pickle)."""
     if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
         return None
     body = obj[1]
-    if type(body) is not tuple or len(body) != 1:
+    if type(body) is not tuple or len(body) != 1 or type(actions := body[0]) is not np.ndarray:
         return None
-    actions = body[0]
-    if type(actions) is not np.ndarray or actions.dtype.hasobject:
+    return None if actions.dtype.hasobject else actions
+
+
+def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
+    """The compact form of ``("step", (actions,))``, or None if ``obj`` is not one."""
+    actions = _step_actions(obj)
+    if actions is None:
         return None
     parts: list[bytes] = [b"\x01"]  # _STEP_REQUEST
     extra: list[memoryview] = []
@@ -138,27 +143,23 @@ _REQUEST_HEAD: dict[tuple[np.dtype[Any], tuple[int, ...]], tuple[bytes, bytes]] 
 
 
 def _step_request_frames(obj: Any) -> list[bytes | memoryview] | None:
-    """The frames of ``("step", (actions,))`` with small actions of a layout sent before, else ``None``.
+    """The frames of ``("step", (actions,))``, or ``None`` if ``obj`` is not one that travels raw.
 
-    The frames :func:`_framed` makes of :func:`_encode_step_request`'s record, from the
-    header and payload prefix cached per layout: the first request of a layout takes
-    the long way and fills the cache.
+    Those :func:`_framed` makes of :func:`_encode_step_request`'s record; for small
+    actions of a layout sent before, from the header and payload prefix cached per
+    layout (the first request of a layout takes the long way and fills the cache).
     """
-    if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
-        return None
-    body = obj[1]
-    if type(body) is not tuple or len(body) != 1 or type(actions := body[0]) is not np.ndarray:
+    actions = _step_actions(obj)
+    if actions is None:
         return None
     known = _REQUEST_HEAD.get((actions.dtype, actions.shape))
     if known is not None:
         return [known[0], known[1] + actions.tobytes()]
-    if actions.dtype.hasobject or actions.nbytes >= OUT_OF_BAND_MIN_BYTES:
-        return None
-    payload, _ = cast(tuple[bytes, list[memoryview]], _encode_step_request(obj))
-    frames = _framed(payload, [])
-    remember(
-        _REQUEST_HEAD, (actions.dtype, actions.shape), (bytes(frames[0]), payload[: len(payload) - actions.nbytes])
-    )
+    payload, extra = cast(tuple[bytes, list[memoryview]], _encode_step_request(obj))
+    frames = _framed(payload, extra)
+    if not extra:  # small actions, in the payload: their layout's header and prefix are cached
+        prefix = payload[: len(payload) - actions.nbytes]
+        remember(_REQUEST_HEAD, (actions.dtype, actions.shape), (bytes(frames[0]), prefix))
     return frames
 
 
@@ -305,10 +306,10 @@ def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None
 def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     """Rebuild the message that the compact encoders wrote, as the pickle path would."""
     payload = frames[0]
-    extra = list(frames[1:])
     try:
         if len(frames) == 1 and (quiet := _decode_quiet(payload, window)) is not None:
             return quiet
+        extra = list(frames[1:])
         if payload[0] == _STEP_REQUEST:
             actions, _ = read_array(payload, 1, extra)
             return ("step", (actions,))
@@ -397,17 +398,13 @@ def encode(obj: Any, window: WindowWriter | None = None) -> list[bytes | memoryv
         ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
     if type(obj) is StepReply:
-        quiet = _encode_quiet(obj, window)
-        if quiet is not None:
-            return quiet
-        compact = _encode_step_reply(obj, window)
+        frames = _encode_quiet(obj, window)
+        if frames is None and (compact := _encode_step_reply(obj, window)) is not None:
+            frames = _framed(*compact)
     else:
-        request = _step_request_frames(obj)
-        if request is not None:
-            return request
-        compact = _encode_step_request(obj)
-    if compact is not None:
-        return _framed(*compact)
+        frames = _step_request_frames(obj)
+    if frames is not None:
+        return frames
     buffers: list[pickle.PickleBuffer] = []
     f = io.BytesIO()
     try:
