@@ -57,10 +57,19 @@ def materialize(commit: str, into: Path, repo: Path | None = None) -> str:
     """
     repo = repo or Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", f"{commit}^{{commit}}"],
-                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()  # fmt: skip
-        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", sha, "daskvec"],
-                                 check=True, capture_output=True, timeout=120).stdout  # fmt: skip
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", f"{commit}^{{commit}}"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", sha, "daskvec"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", b"") or b""
         detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
@@ -107,8 +116,11 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
     else:
         threads = len(os.sched_getaffinity(0))
         fn = functools.partial(make_envpool, task, n_envs, 0, threads)
-        makers = {"base": lambda: base_cls.from_vector_envs([fn]), "head": lambda: DaskVecEnv.from_vector_envs([fn]),
-                  "alone": fn}  # fmt: skip
+        makers = {
+            "base": lambda: base_cls.from_vector_envs([fn]),
+            "head": lambda: DaskVecEnv.from_vector_envs([fn]),
+            "alone": fn,
+        }
     venvs: dict[str, Any] = {}
     try:  # one at a time: if one fails to build, those built before it are closed
         for which, make in makers.items():
@@ -148,8 +160,14 @@ def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> d
                 if "alone" in got:
                     row["of_alone"] = {k: got[k] / got["alone"] for k in ("base", "head")}
                 rows.append(row)
-                logger.info("%s-%d round %d: %s env-steps/s, ratio %.3f", scenario, n_envs, r,
-                            ", ".join(f"{k} {v:.0f}" for k, v in got.items()), row["ratio"])  # fmt: skip
+                logger.info(
+                    "%s-%d round %d: %s env-steps/s, ratio %.3f",
+                    scenario,
+                    n_envs,
+                    r,
+                    ", ".join(f"{k} {v:.0f}" for k, v in got.items()),
+                    row["ratio"],
+                )
         finally:
             for venv in venvs.values():
                 venv.close()

@@ -25,12 +25,18 @@ import numpy as np
 from daskvec.bench.envs import action_cycle
 from daskvec.bench.measure import _median, _run_window, _Stepper
 from daskvec.bench.scenarios import _ACTION_CYCLE, Options, _cases
-from daskvec.dashboard_link import served_pages as bokeh_routes  # the Bokeh app routes a scheduler serves
+from daskvec.monitoring.links import served_pages as bokeh_routes  # the Bokeh app routes a scheduler serves
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["bokeh_connections", "bokeh_routes", "dashboard_entry", "find_dashboard_route", "format_case",
-           "measure_dashboard"]  # fmt: skip
+__all__ = [
+    "bokeh_connections",
+    "bokeh_routes",
+    "dashboard_entry",
+    "find_dashboard_route",
+    "format_case",
+    "measure_dashboard",
+]
 
 
 def _http_json(url: str, timeout: float = 10.0) -> Any:
@@ -195,7 +201,7 @@ def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) 
         ``open_steps_per_s``, ``ratio_open_to_closed``, the route and the method used.
     """
     reason = _install_dashboard()
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     case = _cases("light", [n_envs], opts.heavy_step_s)[0]
     actions = action_cycle(gym.make("CartPole-v1").action_space, n_envs, _ACTION_CYCLE, opts.seed)

@@ -42,7 +42,7 @@ SCHEMA_VERSION = 1
 def _prepare_imports(kinds: Sequence[str]) -> None:
     """Import what the vec envs need before any memory baseline is taken."""
     dask = any(k.startswith("dask") for k in kinds)
-    for name in ("psutil", "stable_baselines3.common.vec_env", *(["daskvec.vec_env"] if dask else [])):
+    for name in ("psutil", "stable_baselines3.common.vec_env", *(["daskvec.sb3.vec_env"] if dask else [])):
         importlib.import_module(name)
 
 
@@ -186,8 +186,11 @@ def _measure_kinds(
     for kind in kinds:
         waited, idle = wait_idle(settle)
         if not idle:
-            logger.warning("bench: the CPU was still busy after %.0f s before %s; its figures may be low",
-                           settle, LABELS.get(kind, kind))  # fmt: skip
+            logger.warning(
+                "bench: the CPU was still busy after %.0f s before %s; its figures may be low",
+                settle,
+                LABELS.get(kind, kind),
+            )
         try:
             case_out["results"][kind] = {**measure(kind), "settle_s": round(waited, 2)}
         except Exception as e:

@@ -275,8 +275,11 @@ def _measure_case(kind: str, case: Case, actions: np.ndarray, opts: Options) -> 
     for r in range(opts.repeat):
         logger.info("bench %s: %s, run %d/%d", case.name, LABELS[kind], r + 1, opts.repeat)
         runs.append(_measure_once(kind, case, actions, opts))
-    return _summary(runs, ("steps_per_s", "ttfs_s", "construct_s", "reset_s", "first_step_s"),
-                    {"steps_per_s_runs": "steps_per_s", "ttfs_runs": "ttfs_s"})  # fmt: skip
+    return _summary(
+        runs,
+        ("steps_per_s", "ttfs_s", "construct_s", "reset_s", "first_step_s"),
+        {"steps_per_s_runs": "steps_per_s", "ttfs_runs": "ttfs_s"},
+    )
 
 
 def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
-from daskvec.protocol import RemoteError
+from daskvec.protocol.messages import RemoteError
 from daskvec.transport.codec import decode, encode, pack, unpack
 from daskvec.transport.window import WindowReader
 from daskvec.transport.window import supported as window_supported

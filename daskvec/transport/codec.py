@@ -19,7 +19,7 @@ from typing import Any, cast
 import cloudpickle
 import numpy as np
 
-from daskvec.protocol import EMPTY, RemoteError, StepReply
+from daskvec.protocol.messages import EMPTY, RemoteError, StepReply
 from daskvec.transport.arrays import (
     ARRAY_HEAD,
     INLINE,
@@ -29,7 +29,7 @@ from daskvec.transport.arrays import (
     array_parts,
     read_array,
     remember,
-)  # fmt: skip
+)
 from daskvec.transport.columns import SCHEMA_HEAD, info_columns, read_infos
 from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter
 from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
@@ -172,28 +172,47 @@ def _encode_quiet(reply: StepReply, window: WindowWriter | None) -> list[bytes |
     """
     obs, rewards = reply.obs, reply.rewards
     if (
-        reply.infos or reply.final_obs or reply.reset_infos or reply.restarted or reply.masks is not None
-        or type(obs) is not np.ndarray or type(rewards) is not np.ndarray or rewards.ndim != 1
-    ):  # fmt: skip
+        reply.infos
+        or reply.final_obs
+        or reply.reset_infos
+        or reply.restarted
+        or reply.masks is not None
+        or type(obs) is not np.ndarray
+        or type(rewards) is not np.ndarray
+        or rewards.ndim != 1
+    ):
         return None
     n = len(rewards)
     zeros = _no_flags(n)
     terminated, truncated = reply.terminated, reply.truncated
     if (
-        zeros is None or len(obs) != n or obs.nbytes >= OUT_OF_BAND_MIN_BYTES or obs.dtype.hasobject
+        zeros is None
+        or len(obs) != n
+        or obs.nbytes >= OUT_OF_BAND_MIN_BYTES
+        or obs.dtype.hasobject
         or (window is not None and obs.nbytes >= WINDOW_MIN_BYTES)
-        or type(terminated) is not np.ndarray or terminated.dtype != np.bool_ or terminated.shape != (n,)
-        or type(truncated) is not np.ndarray or truncated.dtype != np.bool_ or truncated.shape != (n,)
-        or terminated.tobytes() != zeros or truncated.tobytes() != zeros
-    ):  # fmt: skip
+        or type(terminated) is not np.ndarray
+        or terminated.dtype != np.bool_
+        or terminated.shape != (n,)
+        or type(truncated) is not np.ndarray
+        or truncated.dtype != np.bool_
+        or truncated.shape != (n,)
+        or terminated.tobytes() != zeros
+        or truncated.tobytes() != zeros
+    ):
         return None
     meta = META_OUT.get((obs.dtype, obs.shape, INLINE))
     if meta is None:
         return None  # a layout not seen yet: the long way writes its description
     payload = b"".join(
-        (_REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n), zeros, rewards.astype(_F8, copy=False).tobytes(),
-         meta, obs.tobytes())
-    )  # fmt: skip
+        (
+            _REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n),
+            zeros,
+            rewards.astype(_F8, copy=False).tobytes(),
+            meta,
+            obs.tobytes(),
+        )
+    )
     return [_ONE_FRAME.pack(1, len(payload)), payload]
 
 
@@ -340,15 +359,32 @@ def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     if quiet:  # no episode ended: the sparse columns share one read-only empty mapping
         no = np.zeros(n, dtype=bool)
         return StepReply(
-            obs, rewards, no, no.copy(), final_obs=EMPTY, infos=infos, reset_infos=EMPTY, restarted=EMPTY,
-            env_seconds=env_seconds, masks=masks, quiet=masks is None and infos is EMPTY,
-        )  # fmt: skip
+            obs,
+            rewards,
+            no,
+            no.copy(),
+            final_obs=EMPTY,
+            infos=infos,
+            reset_infos=EMPTY,
+            restarted=EMPTY,
+            env_seconds=env_seconds,
+            masks=masks,
+            quiet=masks is None and infos is EMPTY,
+        )
     bits = np.frombuffer(flags, dtype=np.uint8)
     # a compact reply never carries restarts (see _encode_step_reply)
     reply = StepReply(
-        obs, rewards, (bits & _TERMINATED).astype(bool), (bits & _TRUNCATED).astype(bool),
-        final_obs={}, infos=infos, reset_infos={}, restarted=EMPTY, env_seconds=env_seconds, masks=masks,
-    )  # fmt: skip
+        obs,
+        rewards,
+        (bits & _TERMINATED).astype(bool),
+        (bits & _TRUNCATED).astype(bool),
+        final_obs={},
+        infos=infos,
+        reset_infos={},
+        restarted=EMPTY,
+        env_seconds=env_seconds,
+        masks=masks,
+    )
     k = 0
     for pos, b in enumerate(flags):
         if b & _FINAL_OBS:

@@ -294,10 +294,13 @@ class ChannelServer:
                 self.accept_errors += 1
                 delay = min(max(2 * delay, _BACKOFF_MIN), _BACKOFF_MAX)
                 self._log(
-                    "accept", logging.WARNING,
+                    "accept",
+                    logging.WARNING,
                     "daskvec channel %s cannot accept connections (%s: %s); retrying",
-                    self._name, type(e).__name__, e,
-                )  # fmt: skip
+                    self._name,
+                    type(e).__name__,
+                    e,
+                )
                 self._closed.wait(delay)
                 continue
             delay = 0.0
@@ -316,11 +319,13 @@ class ChannelServer:
             self._pending.append(entry)
         if evicted is not None:
             self._log(
-                "full", logging.WARNING,
-                "daskvec channel %s has %d connections waiting for their handshake; "
-                "pushed out the oldest from %s",
-                self._name, self._max_pending, evicted.host,
-            )  # fmt: skip
+                "full",
+                logging.WARNING,
+                "daskvec channel %s has %d connections waiting for their handshake; pushed out the oldest from %s",
+                self._name,
+                self._max_pending,
+                evicted.host,
+            )
             evicted.cut()  # counted as refused by its own thread, when its read fails
         try:
             threading.Thread(target=self._serve, args=(entry, peer), name=f"{self._name}-conn", daemon=True).start()
