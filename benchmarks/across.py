@@ -14,9 +14,9 @@ default), side by side:
   (worker-side rollouts, buffer filled on the client): one round trip per rollout;
 - ``ppo_wall_s`` and ``daskppo_wall_s``: ``learn()`` for a fixed number of timesteps
   with PPO over the synchronous vec env and with DaskPPO;
-- ``vector`` (issue 22): ``DaskVecEnv.from_vector_envs`` over one EnvPool group per host
+- ``vector``: ``DaskVecEnv.from_vector_envs`` over one EnvPool group per host
   (HalfCheetah-v5, 64 envs), against EnvPool alone on this machine, when EnvPool is installed;
-- ``learning`` (:mod:`benchmarks.across_learn`, issue 23): ``learn()`` throughput,
+- ``learning`` (:mod:`benchmarks.across_learn`): ``learn()`` throughput,
   training included, of DaskSAC (Pendulum-v1 x16, ``train_freq=(16, "step")``,
   ``gradient_steps=16``) and DaskPPO with ``CnnPolicy`` on 84x84x4 frame stacks, beside
   SAC and PPO over a synchronous DaskVecEnv, with the ``step_wait`` calls per collection;
@@ -105,7 +105,7 @@ def _learn_wall(cls: Any, env: Any, timesteps: int, n_steps: int, seed: int) -> 
     return time.perf_counter() - t0
 
 
-#: The vector groups' workload (issue 22): EnvPool's HalfCheetah, as many groups as hosts.
+#: The vector groups' workload: EnvPool's HalfCheetah, as many groups as hosts.
 VECTOR_TASK, VECTOR_ENVS = "HalfCheetah-v5", 64
 
 

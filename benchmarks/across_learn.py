@@ -1,4 +1,4 @@
-"""Learning throughput across emulated hosts (issue 23 part 3), for :mod:`benchmarks.across`.
+"""Learning throughput across emulated hosts, for :mod:`benchmarks.across`.
 
 Two workloads, each with the worker-side learner beside SB3's own algorithm over the
 same synchronous :class:`~daskvec.DaskVecEnv`, timed over ``learn()`` (env-steps per

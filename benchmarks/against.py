@@ -13,7 +13,7 @@ The scenarios are ``daskvec bench``'s stepping cases (``light``: CartPole-v1;
 ``heavy``: a busy-loop env of 1 ms of CPU a step), built by this checkout's
 ``daskvec.bench.scenarios``, so both versions step the same envs, as are ``atari`` (Pong,
 SB3's ``AtariWrapper``, ``VecFrameStack(4)``) and ``mujoco`` (HalfCheetah-v5); and the EnvPool
-groups of issue 22 (``envpool-mujoco``: HalfCheetah-v5, ``envpool-atari``: Pong-v5),
+groups (``envpool-mujoco``: HalfCheetah-v5, ``envpool-atari``: Pong-v5),
 one ``from_vector_envs`` group of ``--envs`` envs with a thread per core, as ``daskvec
 bench``'s ``dask-envpool``, with EnvPool alone (the same threads, its Gymnasium API)
 timed in the same rounds: ``of_alone`` is each version's rate over EnvPool's. The earlier copy

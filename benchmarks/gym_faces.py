@@ -1,4 +1,4 @@
-"""Gymnasium scenarios of the benchmark (issue 16): the faces side by side, and stragglers.
+"""Gymnasium scenarios of the benchmark: the faces side by side, and stragglers.
 
 ``gym-faces``
     CartPole-v1 stepped through Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv`` and

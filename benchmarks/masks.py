@@ -1,4 +1,4 @@
-"""MaskablePPO on DaskVecEnv with and without the action-mask cache (issue 14, part 6).
+"""MaskablePPO on DaskVecEnv with and without the action-mask cache.
 
 sb3-contrib's ``MaskablePPO`` calls ``env_method("action_masks")`` before every step.
 With ``cache_action_masks=True`` (the default) the masks travel with the step replies

@@ -80,11 +80,11 @@ def __getattr__(name: str) -> Any:
         # the daskvec dashboard page. Workers never get here (they import daskvec.worker).
         install_dashboard_page()
         return DaskVecEnv
-    if name == "DaskVecEnvMetrics":  # issue 14: the SB3 logger callback (imports Stable-Baselines3)
+    if name == "DaskVecEnvMetrics":  # the SB3 logger callback (imports Stable-Baselines3)
         from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 
         return DaskVecEnvMetrics
-    if name in ("DaskVectorEnv", "make_vec"):  # the Gymnasium face (issue 16)
+    if name in ("DaskVectorEnv", "make_vec"):  # the Gymnasium face
         from daskvec.cluster.clients import install_dashboard_page
         from daskvec.gymnasium import vector_env
 

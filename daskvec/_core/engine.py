@@ -1,4 +1,4 @@
-"""The engine: what every face of daskvec shares (issue 16).
+"""The engine: what every face of daskvec shares.
 
 A *face* is the API a learner sees: :class:`~daskvec.sb3.vec_env.DaskVecEnv` (Stable-Baselines3's
 ``VecEnv``) or :class:`~daskvec.gymnasium.vector_env.DaskVectorEnv` (Gymnasium's ``VectorEnv``).

@@ -1,4 +1,4 @@
-"""Client side: the action masks that came with the last replies (issue 14).
+"""Client side: the action masks that came with the last replies.
 
 sb3-contrib's ``MaskablePPO`` calls ``env_method("action_masks")`` before every step:
 without help, one more round trip per group per step. An env group whose envs all

@@ -74,7 +74,7 @@ DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "heavy": (8,),
     "images": (16,),
     "training": (8,),
-    "gym-faces": (64,),  # issue 16 (benchmarks.gym_faces)
+    "gym-faces": (64,),  # benchmarks.gym_faces
     "straggler": (16,),
     "groups": (2, 8, 32, 64),  # env groups of one CartPole each (benchmarks.groups)
     "atari": (16,),

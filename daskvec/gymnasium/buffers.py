@@ -1,4 +1,4 @@
-"""Gymnasium-style buffers: where replies become what a Gymnasium ``VectorEnv`` returns (issue 16).
+"""Gymnasium-style buffers: where replies become what a Gymnasium ``VectorEnv`` returns.
 
 :class:`VectorBuffers` is to :class:`~daskvec.gymnasium.vector_env.DaskVectorEnv` what
 :class:`~daskvec.sb3.buffers.StepBuffers` is to the Stable-Baselines3 face: it holds the

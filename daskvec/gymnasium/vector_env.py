@@ -1,4 +1,4 @@
-"""Client side: :class:`DaskVectorEnv`, a Gymnasium 1.x ``VectorEnv`` on Dask actors (issue 16).
+"""Client side: :class:`DaskVectorEnv`, a Gymnasium 1.x ``VectorEnv`` on Dask actors.
 
 The second face of daskvec, beside :class:`~daskvec.sb3.vec_env.DaskVecEnv`: both own an
 :class:`~daskvec._core.engine.Engine` (options, client, worker directory, group pool,

@@ -1,4 +1,4 @@
-"""RL Zoo on a Dask cluster (issue 14): rl_zoo3's own training, with its envs in a DaskVecEnv.
+"""RL Zoo on a Dask cluster: rl_zoo3's own training, with its envs in a DaskVecEnv.
 
 rl-baselines3-zoo (``rl_zoo3``) keeps tuned hyperparameters for most SB3 algorithms and
 envs, and trains them with its ``train`` entry point, whose vec env is ``DummyVecEnv``

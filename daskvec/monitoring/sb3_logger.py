@@ -1,4 +1,4 @@
-"""daskvec's figures in Stable-Baselines3's logger (issue 14).
+"""daskvec's figures in Stable-Baselines3's logger.
 
 :class:`DaskVecEnvMetrics` is an SB3 callback. It finds the :class:`~daskvec.DaskVecEnv`
 under any ``VecEnvWrapper`` of the model's env and, at the end of every rollout (and

@@ -72,7 +72,7 @@ def group_actors_on(ws: Any) -> int:
     )
 
 
-#: The env method whose results travel with every step and reset reply (issue 14:
+#: The env method whose results travel with every step and reset reply (
 #: sb3-contrib's ``MaskablePPO`` asks every env for its action masks before every step).
 MASK_METHOD = "action_masks"
 
@@ -94,12 +94,12 @@ class Command(enum.StrEnum):
     RENDER = "render"  # (positions,) -> list
     STATS = "stats"  # () -> the group's step figures (GroupStats.snapshot)
     REFUSED = "refused"  # () -> connections the direct channel refused
-    # issue 14 (sb3x): has_attr without sending the attribute's value back
+    # has_attr without sending the attribute's value back
     HAS_ATTR = "has_attr"  # (name, positions) -> list of bool
-    # issue 16 (the Gymnasium face):
+    # the Gymnasium face:
     CALL = "call"  # (name, args, kwargs, positions) -> list: the method's results, or the attribute's values
     SET_WRAPPER_ATTR = "set_wrapper_attr"  # (name, values, positions) -> None: one value per position
-    # issue 13: worker-side rollouts
+    # worker-side rollouts
     ROLLOUT = "rollout"  # (RolloutRequest,) -> RolloutReply
     # vector envs as groups: a vector group learns its envs' vec-env indices once its size is known
     NUMBER = "number"  # (env_indices,) -> None
@@ -108,7 +108,7 @@ class Command(enum.StrEnum):
 
 
 class Autoreset(enum.StrEnum):
-    """When an env group resets an env whose episode ended (issue 16); set at group creation.
+    """When an env group resets an env whose episode ended; set at group creation.
 
     The values are those of Gymnasium's ``AutoresetMode``, so that one converts to
     the other by value.

@@ -66,7 +66,7 @@ class RolloutMethods:
         obs_pipeline: ObsPipeline | None = None,
         explore: ExplorationPlan | None = None,
     ) -> Rollout:
-        """Run every env for ``n_steps`` on its worker with the shipped policy (issue 13).
+        """Run every env for ``n_steps`` on its worker with the shipped policy.
 
         Each group runs its envs with a CPU copy of the policy and returns its fragment
         in one reply; a group whose worker is lost is rebuilt elsewhere and its envs

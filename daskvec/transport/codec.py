@@ -91,7 +91,7 @@ _CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_ta
 _STEP_REQUEST = 0x01
 _STEP_REPLY = 0x02
 _PICKLE = 0x80
-# issue 14 (sb3x): a compact step reply followed by the envs' action masks, stacked
+# a compact step reply followed by the envs' action masks, stacked
 _STEP_REPLY_MASKS = 0x03
 # a compact step reply followed by the envs' infos as columns (with masks: 0x07)
 _STEP_REPLY_INFOS = 0x06

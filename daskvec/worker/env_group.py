@@ -212,7 +212,7 @@ class EnvGroup:
             Command.HAS_ATTR: self._has_attr,
             Command.CALL: self._call,
             Command.SET_WRAPPER_ATTR: self._set_wrapper_attr,
-            Command.ROLLOUT: self.rollout,  # issue 13
+            Command.ROLLOUT: self.rollout,
             Command.NUMBER: self._number,
             Command.OFF_POLICY: self.off_policy,
         }

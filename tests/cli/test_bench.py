@@ -514,7 +514,7 @@ def test_dashboard_open_vs_closed(cluster2: Any, tmp_path: Path) -> None:
     assert "dashboard (chromium, /daskvec)" in bench.format_table(results)
 
 
-# --------------------------------------------------------------------------- across hosts (issue 13)
+# --------------------------------------------------------------------------- across hosts
 def test_across_hosts_goals_and_table() -> None:
     """The goals read the ratios to the 0 ms row; the table shows every round trip."""
     from benchmarks.across import _ratios, format_across_table
@@ -645,7 +645,7 @@ def learning_row(rtt: float, sac: float, cnn: float, waits: float = 0.0) -> dict
 
 def test_across_hosts_learning_goals_and_table() -> None:
     """DaskSAC's and the CNN DaskPPO's learn() at 10 ms as fractions of 0 ms, and the step_wait counts, in the
-    goals and the table (issue 23)."""
+    goals and the table."""
     from benchmarks.across import _ratios, format_across_table
     from benchmarks.across_learn import LearnSettings
 

@@ -147,9 +147,9 @@ def test_train_on_embedded_cluster(tmp_path: Path) -> None:
     )
     facts = check_train_output(proc, model, n_envs=4, seed=5)
     assert facts["workers"] >= 1
-    # the printed daskvec page answered while the CLI ran (issue 14: no dead dashboard link)
+    # the printed daskvec page answered while the CLI ran (no dead dashboard link)
     assert fetched == {facts["dashboard"].rsplit("/", 1)[0] + "/daskvec": 200}, (fetched, proc.stdout)
-    # issue 14: daskvec's figures are in SB3's TensorBoard logs, one per rollout of 64 x 4 steps
+    # daskvec's figures are in SB3's TensorBoard logs, one per rollout of 64 x 4 steps
     assert f"TensorBoard logs (daskvec/* figures included) in {tb}" in proc.stdout
     scalars = tensorboard_scalars(tb)
     assert len(scalars["daskvec/env_steps_per_s"]) == 8 and min(scalars["daskvec/env_steps_per_s"]) > 0

@@ -1,4 +1,4 @@
-"""daskvec's section of Dask's config, and SubprocVecEnv's keywords (issue 14, parts 2 and 3).
+"""daskvec's section of Dask's config, and SubprocVecEnv's keywords.
 
 Config precedence is checked with a real YAML file read by ``dask.config.refresh``, real
 environment variables, and keyword arguments, through ``DaskVecEnv`` on the session's

@@ -297,7 +297,7 @@ def test_tls_cluster_across_hosts(emulated: Any) -> None:
     hosts = emulated(2, tls=True)
     assert hosts.address.startswith("tls://")
     with hosts.client() as client, DaskVecEnv([cartpole] * 4, client=client, timeout=60) as env:
-        # on TLS the direct channel to each host is TLS too, with the cluster's certificates (issue 15)
+        # on TLS the direct channel to each host is TLS too, with the cluster's certificates
         assert env.encrypted
         assert {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
         assert all(g["worker"].startswith("tls://") for g in env.groups)

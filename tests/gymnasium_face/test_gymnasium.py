@@ -1,4 +1,4 @@
-"""The Gymnasium face (issue 16): DaskVectorEnv against SyncVectorEnv, wrappers, partial batches.
+"""The Gymnasium face: DaskVectorEnv against SyncVectorEnv, wrappers, partial batches.
 
 Every comparison runs the same seeded envs and actions through ``SyncVectorEnv`` and
 ``DaskVectorEnv`` and demands identical observations, rewards, terminations,

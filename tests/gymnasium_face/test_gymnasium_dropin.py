@@ -1,4 +1,4 @@
-"""DaskVectorEnv as a drop-in for Gymnasium's vector envs (issue 25).
+"""DaskVectorEnv as a drop-in for Gymnasium's vector envs.
 
 Each test runs the same assertions against ``SyncVectorEnv``, ``AsyncVectorEnv`` and
 ``DaskVectorEnv`` (those of AsyncVectorEnv's split calls against the last two only):

@@ -1,4 +1,4 @@
-"""The dashboard out of the box, and no dead links (issue 14, part 1).
+"""The dashboard out of the box, and no dead links.
 
 - The base dependencies alone serve ``/daskvec``: a subprocess that cannot import any
   package outside the closure of daskvec's core dependencies starts the embedded

@@ -2,7 +2,7 @@
 the committed benchmark run (``docs/bench.json``), and no text says the opposite of it.
 
 When the benchmark is run again and ``docs/bench.json`` replaced, these tests fail until
-the prose quoting it is updated (issue 14, part 7).
+the prose quoting it is updated.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def test_version_is_written_once() -> None:
     assert out.stdout.strip() == f"daskvec {daskvec.__version__}"
 
 
-#: What the wheel's ``daskvec/bench/`` may weigh, in lines: the user-facing scenarios only (issue 26;
+#: What the wheel's ``daskvec/bench/`` may weigh, in lines: the user-facing scenarios only (with
 #: +25 for the wait for an idle CPU between vec envs, which the real workloads need).
 BENCH_MAX_LINES = 1600
 #: Nothing the wheel installs may need root, a firewall, network namespaces, a browser or mocks.
