@@ -1,7 +1,7 @@
 """The performance figures that the README, the docs and the notebooks quote are those of
-the committed benchmark run (``docs/bench.json``), and no text says the opposite of it.
+the committed benchmark run (``benchmarks/results/bench.json``), and no text says the opposite of it.
 
-When the benchmark is run again and ``docs/bench.json`` replaced, these tests fail until
+When the benchmark is run again and ``benchmarks/results/bench.json`` replaced, these tests fail until
 the prose quoting it is updated.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).parents[2]
-BENCH = json.loads((ROOT / "docs" / "bench.json").read_text())
+BENCH = json.loads((ROOT / "benchmarks" / "results" / "bench.json").read_text())
 CASES = {c["case"]: c["results"] for c in BENCH["cases"]}
 
 
