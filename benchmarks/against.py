@@ -89,7 +89,10 @@ def materialize(commit: str, into: Path, repo: Path | None = None) -> str:
 def load_base(name: str, where: Path) -> Any:
     """Import the copy ``name`` from ``where`` (its worker processes find it too); its ``DaskVecEnv``."""
     sys.path.insert(0, str(where))  # spawned worker processes start with this process's sys.path
-    cluster: Any = importlib.import_module(f"{name}.cluster")
+    try:  # the package laid out by role: its callers import the function when they call it
+        cluster: Any = importlib.import_module(f"{name}.cluster.clients")
+    except ModuleNotFoundError:  # an older copy: one module
+        cluster = importlib.import_module(f"{name}.cluster")
     cluster.install_dashboard_page = lambda: False  # see the module's docstring
     return importlib.import_module(name).DaskVecEnv
 

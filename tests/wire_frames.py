@@ -6,14 +6,13 @@ import socket
 
 import numpy as np
 
-from daskvec.protocol.messages import EMPTY, Command, RemoteError, StepReply
+from daskvec.protocol.messages import EMPTY, Command, RemoteError, StepReply, StepRequest
 
 
 def same(a: object, b: object) -> bool:
     """Equal values of equal types, arrays by dtype, shape and content, dicts in key order.
 
     A decoded reply's empty columns may be the shared read-only :data:`EMPTY`: equal to any empty dict.
-    A step reply's ``quiet`` is a hint the decoder adds (checked by its own tests), not part of the value.
     """
     if a is EMPTY or b is EMPTY:
         return isinstance(a, dict) and isinstance(b, dict) and not a and not b
@@ -21,7 +20,10 @@ def same(a: object, b: object) -> bool:
         return False
     if isinstance(a, StepReply):
         assert isinstance(b, StepReply)
-        return all(same(getattr(a, f), getattr(b, f)) for f in StepReply.__slots__ if f != "quiet")
+        return all(same(getattr(a, f), getattr(b, f)) for f in StepReply.__slots__)
+    if isinstance(a, StepRequest):
+        assert isinstance(b, StepRequest)
+        return same(a.actions, b.actions)
     if isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray)
         return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
@@ -58,8 +60,8 @@ def wire(frames: list[bytes | memoryview]) -> list[bytearray]:
 
 
 COMPACT = [
-    ("step", (np.array([1, 0, 1], dtype=np.int64),)),
-    ("step", (np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),)),
+    StepRequest(np.array([1, 0, 1], dtype=np.int64)),
+    StepRequest(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)),
     step_reply(np.arange(12, dtype=np.float32).reshape(3, 4)),
     step_reply(np.zeros((4, 32, 32, 3), dtype=np.uint8) + 7),  # large: observations out of band
     step_reply(np.ones((2, 3)), terminated=np.zeros(2, dtype=bool), final_obs={}, reset_infos={}),
@@ -74,8 +76,9 @@ COMPACT = [
 
 
 PICKLED = [
-    ("step", ([1, 0, 1],)),  # actions not in an array
-    ("step", (np.array([{}, {}], dtype=object),)),
+    StepRequest([1, 0, 1]),  # actions not in an array
+    StepRequest(np.array([{}, {}], dtype=object)),
+    ("step", (np.array([1, 0, 1], dtype=np.int64),)),  # a tuple is never taken for a step request
     (Command.RESET, ([None, 1], [None, None])),
     step_reply(np.zeros((3, 2)), infos={0: {"episode": {"r": 1.0}}}),  # keys of the env's own
     step_reply(np.zeros((3, 2)), reset_infos={1: {"level": 2}}),

@@ -13,8 +13,9 @@ Both own one :class:`Engine`, which owns the rest:
   ``reset_async``/``reset_wait`` do) sent again while workers are lost, the dashboard
   figures, closing.
 
-A face keeps its own buffers and info format, its state machine, and decides how a
-rebuilt env is reported (it passes a ``rebuilt`` callback wherever groups may be lost).
+A face keeps its own buffers and info format and its state machine: it writes each step
+reply the engine hands out (:meth:`Engine.collect_step` is an iterator) into its buffers,
+and is told of rebuilt envs through a :class:`RebuildReporter` (its buffers).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -41,11 +42,11 @@ from daskvec.cluster import clients as _cluster
 from daskvec.errors import DaskVecEnvError, SchedulerLostError, WorkerLostError
 from daskvec.monitoring.links import DashboardLinks, check_dashboard
 from daskvec.monitoring.metrics import CLIENT_TOPIC, ClientTimer, client_message
-from daskvec.protocol.messages import Command, ResetReply, StepReply
+from daskvec.protocol.messages import Command, Request, ResetReply, StepReply
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "EngineViews", "LostHandler", "Sink", "SpaceCheck", "same_spaces"]
+__all__ = ["Engine", "EngineViews", "LostHandler", "RebuildReporter", "SpaceCheck", "same_spaces"]
 
 #: Seconds between two reports of the vec env's figures to the dashboard.
 _STATS_INTERVAL = 2.0
@@ -59,7 +60,7 @@ LostHandler = Callable[[dict[Group, BaseException], float], None]
 SpaceCheck = Callable[[list[gym.Space[Any]], list[gym.Space[Any]]], tuple[gym.Space[Any], gym.Space[Any]]]
 
 #: One request per group, as sent to it.
-Requests = dict[Group, tuple[Command, tuple[Any, ...]]]
+Requests = dict[Group, Request]
 
 
 def same_spaces(observation_spaces: list[gym.Space[Any]], action_spaces: list[gym.Space[Any]]) -> tuple[Any, Any]:
@@ -97,11 +98,8 @@ class _Batch:
     wanted: list[int]
 
 
-class Sink(Protocol):
-    """Where a face takes a step's replies and hears of rebuilt envs (its buffers, in its own format)."""
-
-    def take_step(self, group: Group, reply: StepReply) -> None:
-        """Write ``group``'s step reply into the face's rows of its envs."""
+class RebuildReporter(Protocol):
+    """Where a face hears of rebuilt envs (its buffers, which report them in its own format)."""
 
     def report_rebuilds(self, rebuilds: Sequence[Rebuild], during: str) -> None:
         """Report rebuilt envs: ``"step"`` (truncations in this step), ``"deferred"`` (in the next) or ``"reset"``."""
@@ -275,20 +273,10 @@ class Engine:
             "close() it and create a new one"
         )
 
-    def taker(self, sink: Sink) -> Callable[[Group, StepReply], None]:
-        """``take(group, reply)`` for :meth:`GroupPool.collect`: into ``sink``, env-error restarts counted."""
-
-        def take(group: Group, reply: StepReply) -> None:
-            sink.take_step(group, reply)
-            if reply.restarted:
-                self.ledger.env_errors(group, reply.restarted, self.recovery.steps)
-
-        return take
-
     def send_step(self, actions: Any) -> None:
         """Send every group its rows of ``actions``; do not wait (:meth:`collect_step` reads the replies)."""
         assert self.pool is not None
-        self.settle()
+        self.drop_interrupted_call()
         self.timer.sent()
         self.pool.send_step(actions)
 
@@ -298,33 +286,33 @@ class Engine:
         assert self.pool is not None
         return self.pool.all_ready(timeout)
 
-    def collect_step(self, sink: Sink) -> StepOutcome:
-        """Read the replies of the step :meth:`send_step` sent into ``sink`` (``step_timeout`` bounds the wait).
+    def collect_step(self, outcome: StepOutcome) -> Generator[tuple[Group, StepReply], None, None]:
+        """The replies of the step :meth:`send_step` sent, ``(group, reply)`` each as soon as it is read.
 
-        Interrupted (Ctrl-C), the step stays pending: call again. The outcome is then
-        for :meth:`finish`, after the face has written what its sink deferred.
+        ``step_timeout`` bounds the wait; what every group answered goes into ``outcome``
+        for :meth:`finish` (see :meth:`GroupPool.collect`, and close the iterator, as
+        ``contextlib.closing`` does, when the loop over it may raise). Interrupted
+        (Ctrl-C), the step stays pending: collect again.
         """
         assert self.pool is not None
-        outcome = self.pool.collect(self.options.step_timeout, self.taker(sink))
+        yield from self.pool.collect(self.options.step_timeout, outcome)
         self.timer.received(outcome.env_seconds)
-        return outcome
 
     @property
     def stepping(self) -> bool:
         """Whether a step (or a rollout) was sent to every group and not collected yet."""
         return self.pool is not None and self.pool.stepping
 
-    def collect_ready(self, min_envs: int, sink: Sink) -> tuple[list[Group], StepOutcome]:
-        """The partial batch of the groups that answer first (:meth:`GroupPool.collect_ready`), taken into ``sink``."""
+    def collect_ready(self, min_envs: int, outcome: StepOutcome) -> Generator[tuple[Group, StepReply], None, None]:
+        """The step replies of the partial batch of groups that answer first (:meth:`GroupPool.collect_ready`)."""
         assert self.pool is not None
-        groups, outcome = self.pool.collect_ready(min_envs, self.options.step_timeout, self.taker(sink))
+        yield from self.pool.collect_ready(min_envs, self.options.step_timeout, outcome)
         self.timer.received(outcome.env_seconds)
-        return groups, outcome
 
     def finish(
         self,
         outcome: StepOutcome,
-        sink: Sink,
+        reporter: RebuildReporter,
         *,
         migrate: Collection[Group] | None = None,
         steps: int = 1,
@@ -332,37 +320,40 @@ class Engine:
     ) -> None:
         """Finish a collected outcome: the one place where every face and rollouts do it.
 
-        In this order: count ``steps`` vec-steps; rebuild the lost groups and report them to
-        ``sink`` (as truncations of this step, or of the next if an env raised, so that
-        no group is left with a reply in flight); raise the first env's error; carry
+        In this order: record the envs rebuilt after their own errors in the restart ledger;
+        count ``steps`` vec-steps; rebuild the lost groups and report them to ``reporter``
+        (as truncations of this step, or of the next if an env raised, so that no group is
+        left with a reply in flight); raise the first env's error; carry
         out the moves that are due (of the groups in ``migrate`` only, if given) and
         report them; send the dashboard its figures when due. A recovery that fails
         breaks the engine (:meth:`fail_stop`). ``waited``: how long the replies were
         waited for, for the messages (default ``step_timeout``, a step's bound).
         """
+        for group, restarted in outcome.env_restarts:
+            self.ledger.env_errors(group, restarted, self.recovery.steps)
         self.recovery.steps += steps
         if outcome.lost:
             during = "deferred" if outcome.errors else "step"
             waited = self.options.step_timeout if waited is None else waited
-            self.report(sink, during, self.recovery.handle_lost, outcome.lost, waited)
+            self.report(reporter, during, self.recovery.handle_lost, outcome.lost, waited)
         if outcome.errors:
             outcome.errors[0][1].raise_()
         if self.recovery.migration_due and (migrate is None or migrate):
-            self.report(sink, "step", self.recovery.migrate, migrate)
+            self.report(reporter, "step", self.recovery.migrate, migrate)
         self.maybe_publish()
 
-    def report(self, sink: Sink, during: str, rebuild: Callable[..., list[Rebuild]], *args: Any) -> None:
-        """Run a recovery action (fail-stop) and report what it rebuilt to ``sink``."""
+    def report(self, reporter: RebuildReporter, during: str, rebuild: Callable[..., list[Rebuild]], *args: Any) -> None:
+        """Run a recovery action (fail-stop) and report what it rebuilt to ``reporter``."""
         with self.fail_stop():
             rebuilds = rebuild(*args)
         if rebuilds:
-            sink.report_rebuilds(rebuilds, during)
+            reporter.report_rebuilds(rebuilds, during)
 
-    def lost_handler(self, sink: Sink, during: str) -> LostHandler:
-        """The :data:`LostHandler` of calls outside a step: rebuilds reported to ``sink`` as ``during`` says."""
+    def lost_handler(self, reporter: RebuildReporter, during: str) -> LostHandler:
+        """The :data:`LostHandler` of calls outside a step: rebuilds reported to ``reporter`` as ``during`` says."""
 
         def on_lost(lost: dict[Group, BaseException], waited: float) -> None:
-            self.report(sink, during, self.recovery.handle_lost, lost, waited)
+            self.report(reporter, during, self.recovery.handle_lost, lost, waited)
 
         return on_lost
 
@@ -386,7 +377,7 @@ class Engine:
         self._batch = batch
         self.pool.send(requests.__getitem__, list(requests))
 
-    def settle(self) -> None:
+    def drop_interrupted_call(self) -> None:
         """Read and drop the replies of a reset or call that an interrupt (Ctrl-C) left in flight.
 
         A face whose wait was interrupted may resume it (``reset_wait()`` again); one that
@@ -396,7 +387,8 @@ class Engine:
         assert self.pool is not None
         if self._batch is not None and self.pool.stepping:
             logger.info("dropping the replies of an interrupted %s call", self._batch.command)
-            self.pool.collect(self.options.timeout, lambda _g, _r: None, object)
+            for _ in self.pool.collect(self.options.timeout, StepOutcome(), object):
+                continue
         self._batch = None
 
     def _collect(
@@ -416,16 +408,15 @@ class Engine:
         assert self.pool is not None and self._batch is not None
         batch = self._batch
         answered: set[int] = set()
-
-        def taking(group: Group, reply: Any) -> None:
-            take(group, reply)
-            answered.update(group.env_indices)
-
         try:
             for attempt in range(attempts):
                 if attempt:
                     self._start(batch, answered)
-                outcome = self.pool.collect(self.options.timeout, taking, batch.kind)
+                outcome = StepOutcome()
+                with contextlib.closing(self.pool.collect(self.options.timeout, outcome, batch.kind)) as replies:
+                    for group, reply in replies:
+                        take(group, reply)
+                        answered.update(group.env_indices)
                 if outcome.lost:
                     on_lost(outcome.lost, self.options.timeout)  # rebuilt, so that no group stays lost
                     if attempt == attempts - 1:
@@ -446,7 +437,7 @@ class Engine:
         With ``mask`` only the selected envs are reset (groups with none selected are
         not asked).
         """
-        self.settle()
+        self.drop_interrupted_call()
         chosen = [s if mask is None or mask[i] else None for i, s in enumerate(seeds)]
         self.ledger.set_seeds(chosen)
         self._warn_fixed_seeds(chosen)  # the seeds of the envs being reset only
@@ -506,7 +497,7 @@ class Engine:
         ``positions`` within ``group``.
         """
         assert self.pool is not None
-        self.settle()
+        self.drop_interrupted_call()
         pool = self.pool
 
         def build() -> Requests:

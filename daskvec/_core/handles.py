@@ -1,10 +1,11 @@
 """The client's records of its env groups: the handle of each, and what is in flight to them.
 
 :class:`Group` is the client-side handle of one env-group actor (its envs, worker,
-channel and what it said of itself), :class:`Flight` a request in flight to one group,
-and :class:`StepOutcome` what one collection found besides the replies taken in (env
-errors, lost groups). :class:`~daskvec._core.pool.GroupPool` makes and uses them; the engine,
-buffers and recovery read them. Plain records: nothing here sends or waits.
+channel and what it said of itself), :class:`PendingRequest` a request sent to one group
+whose reply was not handed out yet, and :class:`StepOutcome` what one collection found
+(the groups heard from, env errors, lost groups, env-error restarts).
+:class:`~daskvec._core.pool.GroupPool` makes and uses them; the engine, buffers and
+recovery read them. Plain records: nothing here sends or waits.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from daskvec.protocol.messages import GroupDesc, RemoteError, StepReply
 from daskvec.transport import Channel
 
-__all__ = ["WAITING", "Flight", "Group", "StepOutcome", "answers"]
+__all__ = ["WAITING", "Group", "PendingRequest", "StepOutcome", "answers"]
 
 
 @dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
@@ -104,26 +105,36 @@ class Group:
 
 @dataclass
 class StepOutcome:
-    """What a step's collection found, besides the replies already taken in.
+    """What one collection found: every group's reply recorded as it was handed out.
 
     Attributes
     ----------
+    groups : list of Group
+        Every group whose reply (or loss) was recorded, in that order.
     errors : list of (Group, RemoteError)
         Groups whose envs raised (with ``on_env_error="raise"``).
     lost : dict of Group to exception
         Groups that did not answer: ``ChannelError`` (worker gone) or ``TimeoutError``.
+    env_restarts : list of (Group, dict)
+        Step replies of groups that rebuilt envs after their errors (``on_env_error="restart"``):
+        the group and the reply's ``restarted`` markers, for the restart ledger.
     env_seconds : float
         The longest time a group spent in its envs.
     """
 
+    groups: list[Group] = field(default_factory=list)
     errors: list[tuple[Group, RemoteError]] = field(default_factory=list)
     lost: dict[Group, BaseException] = field(default_factory=dict)
+    env_restarts: list[tuple[Group, dict[int, dict[str, Any]]]] = field(default_factory=list)
     env_seconds: float = 0.0
 
-    def file(self, g: Group, reply: Any, kind: type = StepReply) -> bool:
-        """File ``g``'s reply: True for a ``kind`` reply (its env time counted), else an error or a loss."""
+    def record(self, g: Group, reply: Any, kind: type = StepReply) -> bool:
+        """Record ``g``'s reply: True for a ``kind`` reply (its env time counted), else an error or a loss."""
+        self.groups.append(g)
         if answers(reply, kind):
             self.env_seconds = max(self.env_seconds, getattr(reply, "env_seconds", 0.0))
+            if type(reply) is StepReply and reply.restarted:
+                self.env_restarts.append((g, reply.restarted))
             return True
         if isinstance(reply, RemoteError):
             self.errors.append((g, reply))
@@ -144,8 +155,8 @@ WAITING: Any = object()
 
 
 @dataclass(eq=False)
-class Flight:
-    """A request in flight to one group.
+class PendingRequest:
+    """A request sent to one group whose reply was not handed out yet.
 
     Attributes
     ----------
@@ -154,7 +165,7 @@ class Flight:
     sent : float
         When (``time.monotonic()``); a partial-batch step times out from then.
     batch : bool
-        Part of a request sent to several groups at once and collected as one outcome
+        One of the requests sent to several groups at once and collected as one outcome
         (:meth:`daskvec._core.pool.GroupPool.collect`); otherwise a group stepping on its own
         (:meth:`daskvec._core.pool.GroupPool.collect_ready`).
     reply : object

@@ -2,35 +2,45 @@
 
 :class:`GroupPool` creates groups on the workers a layout names (trying other workers
 when one vanishes), connects each with a channel (:mod:`daskvec.transport`), sends one
-request per group and collects the replies. A step is collected as one
-:class:`~daskvec._core.handles.StepOutcome`: the replies taken in, the env errors, and the groups lost or
-timed out. Collecting can be interrupted (Ctrl-C) and resumed: replies already read are
-not waited for again. The pool knows nothing of Stable-Baselines3; what a reply means
+request per group and hands out the replies as they are read (:meth:`GroupPool.collect`
+is an iterator of ``(group, reply)``), recording in a
+:class:`~daskvec._core.handles.StepOutcome` what every group answered: the env errors, and the
+groups lost or timed out. Collecting can be interrupted (Ctrl-C) and resumed: replies
+already read are not waited for again. The pool knows nothing of Stable-Baselines3; what a reply means
 for the learner is :mod:`daskvec.sb3.buffers`' business, and what to do about a lost group
 is :mod:`daskvec._core.recovery`'s. The records it keeps (each group's :class:`~daskvec._core.handles.Group`
-handle, a :class:`~daskvec._core.handles.Flight` per request in flight) are in :mod:`daskvec._core.handles`.
+handle, a :class:`~daskvec._core.handles.PendingRequest` per request not answered yet) are in
+:mod:`daskvec._core.handles`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from daskvec._core import dask_internals as _dask
 from daskvec._core.directory import Layout, WorkerDirectory
-from daskvec._core.handles import Flight, Group, StepOutcome, answers
+from daskvec._core.handles import Group, PendingRequest, StepOutcome, answers
 from daskvec._core.options import Options
 from daskvec.cluster import clients as _cluster
 from daskvec.errors import DaskVecEnvError, EnvBuildError, SchedulerLostError, WorkerLostError
-from daskvec.protocol.messages import GROUP_KEY_PREFIX, Command, GroupDesc, GroupSpec, RemoteError, StepReply
+from daskvec.protocol.messages import (
+    GROUP_KEY_PREFIX,
+    Command,
+    GroupDesc,
+    GroupSpec,
+    RemoteError,
+    Request,
+    StepReply,
+    StepRequest,
+)
 from daskvec.transport import (
     ActorChannel,
     Channel,
@@ -109,10 +119,11 @@ class GroupPool:
         self.directory = directory
         self.transport = options.transport
         self.groups: list[Group] = []
-        # what is in flight, one record per group id: a request sent to every group of
-        # a batch (a step, a rollout, collected together by collect()) or a step of a
-        # group stepping on its own (a partial batch, handed out by collect_ready())
-        self._flights: dict[str, Flight] = {}
+        # the requests whose replies were not handed out yet, one per group id: a request
+        # sent to every group of a batch (a step, a rollout, collected together by
+        # collect()) or a step of a group stepping on its own (a partial batch, handed out
+        # by collect_ready())
+        self._pending: dict[str, PendingRequest] = {}
         self.vector = vector
         # a vector pool's groups, by their env indices: the factory that builds each; before
         # spawn_vectors() has numbered the envs, a group's placeholder indices are [factory]
@@ -435,7 +446,7 @@ class GroupPool:
                 g.future.cancel()
         self.groups = [g for g in self.groups if g not in groups]
         for g in groups:
-            self._flights.pop(g.gid, None)
+            self._pending.pop(g.gid, None)
 
     def close(self, abandon: bool = False) -> None:
         """Release every group: those with a request in flight that does not end in time are dropped.
@@ -443,10 +454,10 @@ class GroupPool:
         ``abandon``: ask no group anything (the cluster is gone): drop them all at once.
         """
         if abandon:
-            self._flights.clear()
+            self._pending.clear()
             self.teardown(list(self.groups), graceful=False)
             return
-        waiting = [f.group for f in self._flights.values() if f.waiting]
+        waiting = [f.group for f in self._pending.values() if f.waiting]
         deadline = time.monotonic() + min(self.options.step_timeout, 30.0)
         late = sorted(i for g in _unanswered(waiting, min(deadline - time.monotonic(), 1.0)) for i in g.env_indices)
         if late:  # a Ctrl-C'd step or rollout: say why close() waits
@@ -459,13 +470,13 @@ class GroupPool:
         replies = recv_many([g.channel for g in waiting], max(deadline - time.monotonic(), 0.0))
         # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
         stuck = [g for g, r in zip(waiting, replies, strict=True) if isinstance(r, BaseException)]
-        stuck += [f.group for f in self._flights.values() if not f.waiting and isinstance(f.reply, BaseException)]
-        self._flights.clear()
+        stuck += [f.group for f in self._pending.values() if not f.waiting and isinstance(f.reply, BaseException)]
+        self._pending.clear()
         self.teardown(stuck, graceful=False)
         self.teardown(list(self.groups), graceful=True)
 
     # ------------------------------------------------------------------ calls
-    def call(self, requests: dict[Group, tuple[Command, tuple[Any, ...]]], timeout: float) -> dict[Group, Any]:
+    def call(self, requests: dict[Group, Request], timeout: float) -> dict[Group, Any]:
         """Send one request per group and wait once for all replies (values or exceptions)."""
         sent: list[Group] = []
         out: dict[Group, Any] = {}
@@ -483,66 +494,63 @@ class GroupPool:
     @property
     def stepping(self) -> bool:
         """Whether a request sent by :meth:`send` (a step, a rollout) was not collected yet."""
-        return any(f.batch for f in self._flights.values())
+        return any(p.batch for p in self._pending.values())
 
     def send_step(self, actions: Any) -> None:
         """Send each group its actions (rows of ``actions``); do not wait."""
         arr = actions if isinstance(actions, np.ndarray) else None
 
-        def request(g: Group) -> tuple[Command, tuple[Any, ...]]:
-            return Command.STEP, (arr[g.index] if arr is not None else [actions[i] for i in g.env_indices],)
+        def request(g: Group) -> StepRequest:
+            return StepRequest(arr[g.index] if arr is not None else [actions[i] for i in g.env_indices])
 
         self.send(request)
 
-    def send(
-        self, request: Callable[[Group], tuple[Command, tuple[Any, ...]]], groups: Sequence[Group] | None = None
-    ) -> None:
+    def send(self, request: Callable[[Group], Request], groups: Sequence[Group] | None = None) -> None:
         """Send ``request(group)`` to each of ``groups`` (default: all); do not wait.
 
-        The replies are then read by :meth:`collect` (a step, a rollout: any command
+        The replies are then read by :meth:`collect` (a step, a rollout: any request
         whose replies are collected as one outcome).
         """
-        if self._flights:
+        if self._pending:
             raise RuntimeError("daskvec internal error: send() while requests are in flight")
         now = time.monotonic()
         for g in self.groups if groups is None else groups:
-            flight = self._flights[g.gid] = Flight(g, now, batch=True)
+            pending = self._pending[g.gid] = PendingRequest(g, now, batch=True)
             try:
                 g.channel.send(request(g))
             except ChannelError as e:
-                flight.reply = e
+                pending.reply = e
 
-    def collect(self, timeout: float, take: Callable[[Group, Any], None], kind: type = StepReply) -> StepOutcome:
-        """Wait for the replies of what :meth:`send` sent; call ``take(group, reply)`` on each as soon as it is read.
+    def collect(
+        self, timeout: float, outcome: StepOutcome, kind: type = StepReply
+    ) -> Generator[tuple[Group, Any], None, None]:
+        """The replies of what :meth:`send` sent: ``(group, reply)`` for each ``kind`` reply, as soon as it is read.
 
-        While later groups may still be working, the earlier replies of type ``kind``
-        are taken in. If ``take`` raises (say, observations that do not fit), the other
-        replies are read all the same, so that the channels stay in step, and the
-        error is raised. If the wait itself is interrupted (Ctrl-C), the request stays
-        pending: the next call reads only the replies still missing, and its outcome
-        files every reply, those read before the interruption too.
+        Once every reply is in, each group's (those read before an interruption too) is
+        recorded in ``outcome``: env errors, lost groups. Close the iterator when the loop
+        over it stops early (``contextlib.closing``): if the loop raised (say, observations
+        that do not fit), the other replies are then read and dropped, so that the channels
+        stay in step. If the wait itself is interrupted (Ctrl-C), the request stays
+        pending: the next call reads only the replies still missing.
         """
-        flights = [f for f in self._flights.values() if f.batch]
-        if not flights:
+        pending = [p for p in self._pending.values() if p.batch]
+        if not pending:
             raise RuntimeError("daskvec internal error: collect() without send()")
-        waiting = [f for f in flights if f.waiting]
-        replies = iter_replies([f.group.channel for f in waiting], timeout)
+        waiting = [p for p in pending if p.waiting]
+        replies = iter_replies([p.group.channel for p in waiting], timeout)
         try:
-            for f in waiting:
-                f.reply = next(replies)
-                if answers(f.reply, kind):
-                    take(f.group, f.reply)
-        except BaseException:
-            if inspect.getgeneratorstate(replies) != inspect.GEN_CLOSED:  # take() raised: drain
-                for _ in replies:
-                    continue
-                self._land(flights)
+            for p in waiting:
+                p.reply = next(replies)
+                if answers(p.reply, kind):
+                    yield p.group, p.reply
+        except GeneratorExit:  # the caller's loop stopped: read the rest, so that the channels stay in step
+            for _ in replies:
+                continue
+            self._forget(pending)
             raise
-        self._land(flights)
-        outcome = StepOutcome()
-        for f in flights:
-            outcome.file(f.group, f.reply, kind)
-        return outcome
+        self._forget(pending)
+        for p in pending:
+            outcome.record(p.group, p.reply, kind)
 
     def all_ready(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every group sent a request by :meth:`send` has its reply in.
@@ -554,16 +562,17 @@ class GroupPool:
 
     def unanswered(self, timeout: float) -> list[Group]:
         """:meth:`all_ready`, returning the groups whose reply is still not in after ``timeout`` seconds."""
-        return _unanswered([f.group for f in self._flights.values() if f.batch and f.waiting], timeout)
+        return _unanswered([p.group for p in self._pending.values() if p.batch and p.waiting], timeout)
 
-    def _land(self, flights: Sequence[Flight]) -> None:
-        for f in flights:
-            self._flights.pop(f.group.gid, None)
+    def _forget(self, answered: Sequence[PendingRequest]) -> None:
+        """Drop the requests whose replies were handed out."""
+        for p in answered:
+            self._pending.pop(p.group.gid, None)
 
     # ------------------------------------------------------------------ partial batches
     def in_flight(self) -> list[Group]:
         """Groups sent a step with :meth:`send_groups` whose reply was not handed out yet."""
-        return [f.group for f in self._flights.values() if not f.batch]
+        return [p.group for p in self._pending.values() if not p.batch]
 
     def send_groups(self, actions: dict[Group, Any]) -> None:
         """Send a step to each of the given groups (their actions in their envs' order); do not wait.
@@ -575,59 +584,58 @@ class GroupPool:
             raise RuntimeError("daskvec internal error: send_groups() while a full step is pending")
         now = time.monotonic()
         for g, group_actions in actions.items():
-            if g.gid in self._flights:
+            if g.gid in self._pending:
                 raise RuntimeError(f"daskvec internal error: envs {g.env_indices} already have a step in flight")
-            flight = self._flights[g.gid] = Flight(g, now, batch=False)
+            pending = self._pending[g.gid] = PendingRequest(g, now, batch=False)
             try:
-                g.channel.send((Command.STEP, (group_actions,)))
+                g.channel.send(StepRequest(group_actions))
             except ChannelError as e:
-                flight.reply = e
+                pending.reply = e
 
     def collect_ready(
-        self, min_envs: int, timeout: float, take: Callable[[Group, StepReply], None]
-    ) -> tuple[list[Group], StepOutcome]:
-        """Wait for the groups in flight that answer first, until they hold ``min_envs`` envs or more.
+        self, min_envs: int, timeout: float, outcome: StepOutcome
+    ) -> Generator[tuple[Group, StepReply], None, None]:
+        """The step replies of the groups in flight that answer first, until they hold ``min_envs`` envs or more.
 
-        Returns those groups (in the order they answered) and what their replies held;
-        ``take(group, reply)`` is called on each step reply. A group that has not answered
-        ``timeout`` seconds after its step was sent counts as lost (``TimeoutError``).
-        Groups that answered beyond the batch are kept for the next call.
+        Every group of the batch (in the order they answered) is recorded in ``outcome``
+        (``outcome.groups``), then each step reply is handed out as ``(group, reply)``. A
+        group that has not answered ``timeout`` seconds after its step was sent counts as
+        lost (``TimeoutError``). Groups that answered beyond the batch are kept for the
+        next call.
         """
-        mine = [f for f in self._flights.values() if not f.batch]
+        mine = [p for p in self._pending.values() if not p.batch]
         if not mine:
             raise RuntimeError("daskvec internal error: collect_ready() without send_groups()")
-        done = [f for f in mine if not f.waiting]
-        while sum(len(f.group.env_indices) for f in done) < min_envs:
-            waiting = [f for f in mine if f.waiting]
+        done = [p for p in mine if not p.waiting]
+        while sum(len(p.group.env_indices) for p in done) < min_envs:
+            waiting = [p for p in mine if p.waiting]
             if not waiting:
                 break
-            first_deadline = min(f.sent for f in waiting) + timeout
-            for k in wait_ready([f.group.channel for f in waiting], max(first_deadline - time.monotonic(), 0.0)):
+            first_deadline = min(p.sent for p in waiting) + timeout
+            for k in wait_ready([p.group.channel for p in waiting], max(first_deadline - time.monotonic(), 0.0)):
                 done.append(self._read(waiting[k], waiting[k].sent + timeout))
             now = time.monotonic()
-            for f in waiting:
-                if f.waiting and now >= f.sent + timeout:
-                    f.reply = TimeoutError(f"no reply within {timeout:.1f}s")
-                    done.append(f)
-        batch: list[Flight] = []
-        for f in done:  # the first to answer, up to min_envs; the others wait for the next call
+            for p in waiting:
+                if p.waiting and now >= p.sent + timeout:
+                    p.reply = TimeoutError(f"no reply within {timeout:.1f}s")
+                    done.append(p)
+        batch: list[PendingRequest] = []
+        for p in done:  # the first to answer, up to min_envs; the others wait for the next call
             if sum(len(b.group.env_indices) for b in batch) >= min_envs:
                 break
-            batch.append(f)
-        self._land(batch)
-        outcome = StepOutcome()
-        for f in batch:
-            if outcome.file(f.group, f.reply):
-                take(f.group, f.reply)
-        return [f.group for f in batch], outcome
+            batch.append(p)
+        self._forget(batch)
+        answered = [p for p in batch if outcome.record(p.group, p.reply)]
+        for p in answered:
+            yield p.group, p.reply
 
     @staticmethod
-    def _read(flight: Flight, deadline: float) -> Flight:
+    def _read(pending: PendingRequest, deadline: float) -> PendingRequest:
         try:
-            flight.reply = flight.group.channel.recv(max(deadline - time.monotonic(), 0.1))
+            pending.reply = pending.group.channel.recv(max(deadline - time.monotonic(), 0.1))
         except (ChannelError, TimeoutError) as e:
-            flight.reply = e
-        return flight
+            pending.reply = e
+        return pending
 
 
 def _is_placement_failure(exc: BaseException) -> bool:

@@ -40,12 +40,12 @@ from daskvec._core.handles import Group, StepOutcome
 from daskvec._core.recovery import Rebuild
 from daskvec.cluster.clients import dumps_by_value
 from daskvec.errors import DaskVecEnvError, WorkerLostError
-from daskvec.protocol.messages import Command, StepReply
+from daskvec.protocol.messages import Command
 from daskvec.protocol.rollout_records import ExplorationPlan, ObsPipeline, RolloutReply, RolloutRequest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Collected", "Part", "PolicyShipment", "Rollout", "collect_rollout"]
+__all__ = ["Collected", "Fragment", "PolicyShipment", "Rollout", "collect_rollout"]
 
 #: Policy versions: unique across learners and client processes (a random start).
 _VERSIONS = itertools.count(secrets.randbits(40) << 16)
@@ -121,8 +121,11 @@ class PolicyShipment:
 
 
 @dataclass(eq=False)
-class Part:
-    """One group's fragment and the vec-step its first step is (0, or 1 when recollected)."""
+class Fragment:
+    """One group's part of a rollout (its :class:`RolloutReply`) and the vec-step of its first step.
+
+    That is 0, or 1 for the rest of a rollout recollected from rebuilt envs.
+    """
 
     group: Group
     reply: RolloutReply
@@ -130,14 +133,11 @@ class Part:
 
 
 class _Recorder:
-    """The rollout's sink: groups rebuilt after a loss (reported at step 0) and moved at the end."""
+    """Where a rollout hears of rebuilt groups: rebuilt after a loss (reported at step 0) and moved at the end."""
 
     def __init__(self) -> None:
         self.rebuilds: list[Rebuild] = []
         self.moved: list[Rebuild] = []
-
-    def take_step(self, group: Group, reply: StepReply) -> None:
-        raise RuntimeError(f"daskvec internal error: a step reply of envs {group.env_indices} during a rollout")
 
     def report_rebuilds(self, rebuilds: Sequence[Rebuild], during: str) -> None:
         for r in rebuilds:
@@ -150,7 +150,7 @@ class Collected:
     """What :func:`collect_rollout` brings back: plain data for the face to stitch and replay."""
 
     n_steps: int
-    parts: list[Part]
+    fragments: list[Fragment]
     rebuilds: list[Rebuild]
     moved: list[Rebuild]
     wall_seconds: float
@@ -180,7 +180,7 @@ class Rollout:
     terminal_values : dict of (int, int) to float
         By ``(step, env index)``: the worker's value of the last observation of each
         episode truncated there (see :meth:`terminal_value`).
-    parts : list of Part
+    fragments : list of Fragment
         The groups' fragments, as they came (what :meth:`daskvec.DaskVecEnv.replay` reads).
     rebuilds, moved : list of Rebuild
         Groups rebuilt after a loss (reported at step 0) and moved at the end
@@ -198,7 +198,7 @@ class Rollout:
     rewards: np.ndarray
     missing: np.ndarray
     terminal_values: dict[tuple[int, int], float] = field(default_factory=dict)
-    parts: list[Part] = field(default_factory=list, repr=False)
+    fragments: list[Fragment] = field(default_factory=list, repr=False)
     rebuilds: list[Rebuild] = field(default_factory=list)
     moved: list[Rebuild] = field(default_factory=list)
     env_seconds: float = 0.0
@@ -221,12 +221,12 @@ class Rollout:
 
         ``obs0``: the observations before step 0 (an array, or a dict of arrays).
         """
-        n_steps, parts = collected.n_steps, collected.parts
+        n_steps, fragments = collected.n_steps, collected.fragments
         n = len(next(iter(obs0.values()))) if isinstance(obs0, dict) else len(obs0)
         obs = _by_key(obs0, lambda o: np.zeros((n_steps + 1, *o.shape), dtype=o.dtype))
         _put(obs, 0, obs0)
-        if parts:
-            ref = parts[0].reply.actions
+        if fragments:
+            ref = fragments[0].reply.actions
             actions = np.zeros((n_steps, n, *ref.shape[2:]), dtype=ref.dtype)
         else:
             actions = np.zeros((n_steps, n, *(action_space.shape or ())), dtype=np.float32)
@@ -239,20 +239,20 @@ class Rollout:
             log_probs=np.zeros((n_steps, n), dtype=np.float32),
             rewards=np.zeros((n_steps, n), dtype=np.float64),
             missing=np.array(sorted(i for r in collected.rebuilds for i in r.group.env_indices), dtype=np.intp),
-            parts=parts,
+            fragments=fragments,
             rebuilds=collected.rebuilds,
             moved=collected.moved,
             wall_seconds=collected.wall_seconds,
         )
         for r in collected.rebuilds:
             _put(rollout.obs, (1, r.group.index), r.reply.obs)
-        for part in parts:
-            rollout._place(part)
+        for fragment in fragments:
+            rollout._place(fragment)
         return rollout
 
-    def _place(self, part: Part) -> None:
-        """Copy one fragment into the rollout's rows of its envs, from step ``part.offset`` on."""
-        rows, k, reply = part.group.index, part.offset, part.reply
+    def _place(self, fragment: Fragment) -> None:
+        """Copy one fragment into the rollout's rows of its envs, from step ``fragment.offset`` on."""
+        rows, k, reply = fragment.group.index, fragment.offset, fragment.reply
         steps = reply.n_steps
         if k + steps != self.n_steps:
             raise DaskVecEnvError(
@@ -265,7 +265,7 @@ class Rollout:
         self.rewards[k:, rows] = reply.rewards
         self.env_seconds = max(self.env_seconds, reply.env_seconds)
         self.policy_seconds = max(self.policy_seconds, reply.policy_seconds)
-        indices = part.group.env_indices
+        indices = fragment.group.env_indices
         for t, by_pos in reply.terminal_values.items():
             for pos, value in by_pos.items():
                 self.terminal_values[(t + k, indices[pos])] = value
@@ -299,13 +299,14 @@ def collect_rollout(
     """
     started = time.perf_counter()
     n_steps = request.n_steps
-    parts: dict[Group, Part] = {}
+    fragments: dict[Group, Fragment] = {}
     recorder = _Recorder()
     groups = list(engine.groups)
     for attempt in range(_ATTEMPTS + 1):
         offset = 0 if attempt == 0 else 1
         waiting = time.monotonic()
-        outcome = _run(engine, groups, request if attempt == 0 else request.shorter(1), parts, offset, timeout, command)
+        rest = request if attempt == 0 else request.with_fewer_steps(1)
+        outcome = _run(engine, groups, rest, fragments, offset, timeout, command)
         waited = time.monotonic() - waiting
         if outcome.lost and attempt == _ATTEMPTS:
             lost = sorted(i for g in outcome.lost for i in g.env_indices)
@@ -321,33 +322,33 @@ def collect_rollout(
         engine.finish(outcome, recorder, migrate=None if last else (), steps=0, waited=waited)
         if last:
             break
-        groups = [r.group for r in recorder.rebuilds if r.group not in parts]
-    return Collected(n_steps, list(parts.values()), recorder.rebuilds, recorder.moved, time.perf_counter() - started)
+        groups = [r.group for r in recorder.rebuilds if r.group not in fragments]
+    return Collected(
+        n_steps, list(fragments.values()), recorder.rebuilds, recorder.moved, time.perf_counter() - started
+    )
 
 
 def _run(
     engine: Engine,
     groups: list[Group],
     request: RolloutRequest,
-    parts: dict[Group, Part],
+    fragments: dict[Group, Fragment],
     offset: int,
     timeout: float,
     command: Command = Command.ROLLOUT,
 ) -> StepOutcome:
-    """Send ``request`` to ``groups`` and collect their fragments into ``parts``.
+    """Send ``request`` to ``groups`` and collect their fragments into ``fragments``.
 
     Interrupted while fragments are on their way, the engine breaks: they could not be
     matched up with a later request.
     """
     assert engine.pool is not None
-
-    def take(g: Group, reply: RolloutReply) -> None:
-        parts[g] = Part(g, reply, offset)
-
+    outcome = StepOutcome()
     with engine.fail_stop():
-        engine.settle()
+        engine.drop_interrupted_call()
         engine.pool.send(lambda g: (command, (request.for_envs(g.env_indices),)), groups)
-        outcome: StepOutcome = engine.pool.collect(_await_fragments(engine, timeout), take, RolloutReply)
+        for g, reply in engine.pool.collect(_await_fragments(engine, timeout), outcome, RolloutReply):
+            fragments[g] = Fragment(g, reply, offset)
     return outcome
 
 

@@ -205,16 +205,15 @@ class VectorBuffers:
         self.write_obs(group, reply.obs)
         index = group.index
         self.rewards[index] = reply.rewards
-        if reply.quiet:  # no episode ended, no infos (most steps): nothing to check
-            self.terminations[index] = self.truncations[index] = False
-            infos = self.infos
+        self.terminations[index] = reply.terminated
+        self.truncations[index] = reply.truncated
+        own, final, restarted = reply.infos, reply.final_obs, reply.restarted
+        infos = self.infos
+        if not (own or final or restarted):  # most steps: no env has an info to report
             for i in group.env_indices:
                 infos[i] = []
             return
-        self.terminations[index] = reply.terminated
-        self.truncations[index] = reply.truncated
         same_step = self.autoreset is Autoreset.SAME_STEP
-        own, final, restarted = reply.infos, reply.final_obs, reply.restarted
         for pos, i in enumerate(group.env_indices):
             if same_step and pos in final:
                 parts = [
@@ -225,7 +224,7 @@ class VectorBuffers:
                 parts = [own[pos]] if pos in own else []
             if pos in restarted:
                 parts = [*parts[:-1], {**(parts[-1] if parts else {}), INFO_KEY: restarted[pos]}]
-            self.infos[i] = parts
+            infos[i] = parts
 
     # ------------------------------------------------------------------ rebuilt envs
     def report_rebuilds(self, rebuilds: Sequence[Rebuild], during: str) -> None:

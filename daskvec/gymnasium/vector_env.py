@@ -19,6 +19,7 @@ returns the first ``batch_size`` envs (whole groups) to finish, with their ids i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import enum
 import functools
@@ -34,7 +35,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from daskvec._core.engine import Engine, EngineViews
-from daskvec._core.handles import Group
+from daskvec._core.handles import Group, StepOutcome
 from daskvec._core.options import Options, check_env_fns, ignore_async_keywords
 from daskvec._core.pool import GroupPool
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
@@ -463,14 +464,17 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         """
         self._check_waiting(_State.WAITING_STEP, "step_wait", "step_async")
         self._wait_ready(timeout, "step_wait")
-        engine = self._engine
+        engine, buffers = self._engine, self._buffers
+        outcome = StepOutcome()
         try:
-            outcome = engine.collect_step(self._buffers)
+            with contextlib.closing(engine.collect_step(outcome)) as replies:
+                for group, reply in replies:  # each as soon as it is read
+                    buffers.take_step(group, reply)
         finally:
             self._done_waiting()  # collected, or given up after a reply that did not fit
-        self._buffers.apply_deferred()
-        engine.finish(outcome, self._buffers)
-        return self._buffers.result()
+        buffers.apply_deferred()
+        engine.finish(outcome, buffers)
+        return buffers.result()
 
     # ------------------------------------------------------------------ partial batches
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
@@ -507,15 +511,17 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
             self._check_idle("recv")
         if self._ready:
             return self._recv_ready()
-        pool, engine = self._pool, self._engine
-        groups, outcome = engine.collect_ready(self.batch_size, self._buffers)
-        ids = [i for g in groups for i in g.env_indices]
+        pool, engine, buffers = self._pool, self._engine, self._buffers
+        outcome = StepOutcome()
+        for group, reply in engine.collect_ready(self.batch_size, outcome):
+            buffers.take_step(group, reply)
+        ids = [i for g in outcome.groups for i in g.env_indices]
         if not pool.in_flight():
             self._state = _State.IDLE
-        self._buffers.apply_deferred(ids)
+        buffers.apply_deferred(ids)
         # moves only among the groups handed out now: the others may have a step in flight
-        engine.finish(outcome, self._buffers, migrate=groups)
-        return self._buffers.batch(ids)
+        engine.finish(outcome, buffers, migrate=outcome.groups)
+        return buffers.batch(ids)
 
     def _recv_ready(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         taken: list[int] = []

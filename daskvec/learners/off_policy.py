@@ -61,7 +61,7 @@ from stable_baselines3.sac.policies import SACPolicy
 from stable_baselines3.td3.policies import TD3Policy
 
 from daskvec._core.rollouts import PolicyShipment, Rollout
-from daskvec.learners.on_policy import RolloutPlan, _Frozen, _Replay, plan_rollouts
+from daskvec.learners.on_policy import RolloutPlan, _NormalizeSnapshot, _Replay, plan_rollouts
 from daskvec.protocol.rollout_records import ExplorationPlan, OUNoise
 from daskvec.worker.off_policy import explore_actions
 
@@ -276,7 +276,7 @@ class _WorkerCollection(OffPolicyAlgorithm):
         # TD3's and DQN's actors sample nothing, so their learner's stream stays SB3's
         seed = int(th.randint(0, 2**31 - 1, (1,)).item()) if self._daskvec_samples else None
         shipment = self._daskvec_shipment.update(self._daskvec_actor(), seed)
-        frozen = _Frozen(plan.normalize)
+        frozen = _NormalizeSnapshot(plan.normalize)
         rollout = plan.venv.collect_rollout(shipment, n_steps, frozen.obs, explore=explore)
         noise = _NoiseTrack(noises, explore)
         self._fill_missing(rollout, explore, noise)

@@ -131,7 +131,7 @@ class RolloutPlan:
         stacks = tuple(_stacked(w.stacked_obs) for w in reversed(self.wrappers) if isinstance(w, VecFrameStack))
         return ObsPipeline(self.stages, stacks, first, norm_at=self.norm_at)
 
-    def seen(self, below: Any, frozen: _Frozen) -> Any:
+    def seen(self, below: Any, frozen: _NormalizeSnapshot) -> Any:
         """Observations from below the ``VecNormalize`` as the policy sees them (frozen statistics)."""
         obs = frozen.obs_of(below)
         above = self.wrappers[: self.wrappers.index(self.normalize)] if self.normalize is not None else []
@@ -218,7 +218,7 @@ def plan_rollouts(env: VecEnv, model: Any) -> tuple[RolloutPlan | None, str]:
     return RolloutPlan.of(inner, wrappers), ""
 
 
-class _Frozen:
+class _NormalizeSnapshot:
     """A ``VecNormalize``'s statistics as they stand at the start of a rollout."""
 
     def __init__(self, vn: VecNormalize | None) -> None:
@@ -250,7 +250,7 @@ class _Frozen:
         return scaled.astype(np.float32)
 
 
-class _Given:
+class _FixedStepVecEnv:
     """A stand-in vec env under a wrapper, whose ``step_wait`` returns the step it was given."""
 
     def __init__(self, step: VecEnvStepReturn) -> None:
@@ -272,7 +272,7 @@ class _Replayed:
     below: Any
     below_infos: list[dict[str, Any]]
     plan: RolloutPlan
-    frozen: _Frozen
+    frozen: _NormalizeSnapshot
 
     def seen(self) -> Any:
         """The observations as the workers' policy saw them (frame stacks, frozen normalisation)."""
@@ -291,7 +291,7 @@ class _Replay:
     state (frame stacks, episode counters, running statistics) moves as in SB3's loop.
     """
 
-    def __init__(self, plan: RolloutPlan, frozen: _Frozen) -> None:
+    def __init__(self, plan: RolloutPlan, frozen: _NormalizeSnapshot) -> None:
         self.plan = plan
         self.frozen = frozen
 
@@ -303,7 +303,7 @@ class _Replay:
                 # VecNormalize normalises the terminal observations in place: keep them as they came
                 below = (step[0], [_copy_info(i) for i in step[3]])
             inner = w.venv
-            w.venv = _Given(step)  # type: ignore[assignment]
+            w.venv = _FixedStepVecEnv(step)  # type: ignore[assignment]
             try:
                 step = w.step_wait()
             finally:
@@ -364,7 +364,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         callback.on_rollout_start()
         if self._daskvec_shipment is None:
             self._daskvec_shipment = PolicyShipment()
-        frozen = _Frozen(plan.normalize)
+        frozen = _NormalizeSnapshot(plan.normalize)
         # the policy's input before step 0; with a VecNormalize, the observations below it
         # normalised with this rollout's frozen statistics
         obs: Any = self._last_obs if plan.normalize is None else plan.seen(plan.normalize.old_obs, frozen)

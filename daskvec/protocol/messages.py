@@ -1,7 +1,8 @@
 """Protocol: the commands and replies that client and worker exchange.
 
-A request is ``(Command, args)``; a reply is the command's value (a :class:`StepReply`,
-a :class:`ResetReply`, a list of per-env results, ...) or a :class:`RemoteError`.
+A step request is a :class:`StepRequest`; every other request is ``(Command, args)``. A
+reply is the request's value (a :class:`StepReply`, a :class:`ResetReply`, a list of
+per-env results, ...) or a :class:`RemoteError`.
 The records of worker-side rollouts and off-policy collections (``RolloutRequest``,
 ``RolloutReply``, ``ObsPipeline``, ``ExplorationPlan``) are in :mod:`daskvec.protocol.rollout_records`.
 The transport (:mod:`daskvec.transport`) moves them; the worker side
@@ -39,8 +40,10 @@ __all__ = [
     "GroupSpec",
     "PerEnv",
     "RemoteError",
+    "Request",
     "ResetReply",
     "StepReply",
+    "StepRequest",
     "group_actors_on",
     "restart_seed",
     "unwrap",
@@ -78,14 +81,13 @@ MASK_METHOD = "action_masks"
 
 
 class Command(enum.StrEnum):
-    """What a request asks an env group to do; the first item of every request.
+    """What a request other than a step asks an env group to do; the first item of the request.
 
-    ``(Command.STEP, (actions,))`` and ``(Command.RESET, (seeds, options))`` concern
-    every env of the group; the per-env commands take the positions of the envs
-    within the group as their last argument.
+    ``(Command.RESET, (seeds, options))`` concerns every env of the group; the per-env
+    commands take the positions of the envs within the group as their last argument.
+    A step is a :class:`StepRequest` of its own.
     """
 
-    STEP = "step"  # (actions,) -> StepReply
     RESET = "reset"  # (seeds, options[, user[, mask]]) -> ResetReply; user=False: restart seeds
     GET_ATTR = "get_attr"  # (name, positions) -> list
     SET_ATTR = "set_attr"  # (name, value, positions) -> None
@@ -357,10 +359,29 @@ class ColumnInfos(_ReadOnlyDict):
 
 
 #: The one empty mapping that every client-side reply without entries shares, in place of
-#: fresh empty dicts (a quiet step reply has four sparse columns, all empty). Readers only
+#: fresh empty dicts (a step reply in which no episode ended has four sparse columns, all empty). Readers only
 #: read a reply's columns; filling this one raises ``TypeError`` instead of leaking into
 #: every other reply.
 EMPTY: dict[Any, Any] = _ReadOnlyEmpty()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepRequest:
+    """A step of every env of a group: the request answered by a :class:`StepReply`.
+
+    Attributes
+    ----------
+    actions : numpy.ndarray or list
+        One action per env of the group, in the group's env order. An array of plain
+        dtype travels as raw bytes (:func:`daskvec.transport.encode`); anything else
+        is pickled.
+    """
+
+    actions: Any
+
+
+#: What a client sends an env group: a step, or ``(Command, args)``.
+Request = StepRequest | tuple[Command, tuple[Any, ...]]
 
 
 @dataclass(slots=True, eq=False)
@@ -397,12 +418,6 @@ class StepReply:
         The envs' action masks after this step (and any automatic reset), stacked,
         when every env of the group has an ``action_masks`` method; ``None``
         otherwise. The client answers ``env_method("action_masks")`` from them.
-    quiet : bool
-        ``True`` only when the reply is known to be the most common one: no episode
-        ended, no env returned infos or was rebuilt, no masks (``terminated`` and
-        ``truncated`` all ``False``, the dicts empty, ``masks`` ``None``). The codec's
-        decoding of such a reply sets it, so that the client's buffers need not check;
-        ``False`` says nothing.
     """
 
     obs: Any
@@ -415,7 +430,6 @@ class StepReply:
     restarted: dict[int, dict[str, Any]] = field(default_factory=dict)
     env_seconds: float = 0.0
     masks: Any = None
-    quiet: bool = False
 
     @property
     def dones(self) -> np.ndarray:

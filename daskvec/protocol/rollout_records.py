@@ -79,13 +79,13 @@ class RolloutRequest:
     obs_pipeline: ObsPipeline | None = None
     explore: ExplorationPlan | None = None
 
-    def shorter(self, by: int) -> RolloutRequest:
+    def with_fewer_steps(self, by: int) -> RolloutRequest:
         """The same request for ``by`` fewer steps (the rest of a rollout, recollected).
 
         The rest starts from rebuilt envs, which the client reports done in the step
-        before: their frame stacks start afresh, as ``VecFrameStack`` restarts them.
+        before: their frame stacks start again, as ``VecFrameStack`` restarts them.
         """
-        pipeline = None if self.obs_pipeline is None else self.obs_pipeline.afresh()
+        pipeline = None if self.obs_pipeline is None else self.obs_pipeline.with_fresh_stacks()
         return dataclasses.replace(self, n_steps=self.n_steps - by, obs_pipeline=pipeline)
 
     def for_envs(self, env_indices: Sequence[int]) -> RolloutRequest:
@@ -180,8 +180,8 @@ class ObsPipeline:
             restack=tuple(pos for pos, i in enumerate(env_indices) if i in wanted),
         )
 
-    def afresh(self) -> ObsPipeline:
-        """The same stages with every stack started afresh from the envs' current observations."""
+    def with_fresh_stacks(self) -> ObsPipeline:
+        """The same stages with every stack started again from the envs' current observations."""
         return ObsPipeline(self.stages, norm_at=self.norm_at)
 
 

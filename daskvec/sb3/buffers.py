@@ -96,27 +96,25 @@ class StepBuffers:
         """Write a group's step reply: observations, rewards, dones, and the SB3 infos."""
         self.write_obs(group, reply.obs)
         self.rewards[group.index] = reply.rewards
-        if reply.quiet:  # no episode ended, no infos (most steps): nothing to check
-            self.dones[group.index] = False
-            infos = self.infos
-            for i in group.env_indices:
-                infos[i] = {"TimeLimit.truncated": False}
-            return
         terminated, truncated = reply.terminated, reply.truncated
         self.dones[group.index] = terminated | truncated
         indices = group.env_indices
         own, final, restarted = reply.infos, reply.final_obs, reply.restarted
-        # most steps end no episode: skip the array work then
-        ended = bool(final or restarted) or bool(truncated.any())
-        time_limit = (truncated & ~terminated).tolist() if ended else None
-        for pos, i in enumerate(indices):
-            info = dict(own[pos]) if pos in own else {}
-            info["TimeLimit.truncated"] = time_limit[pos] if time_limit is not None else False
-            if pos in final:
-                info["terminal_observation"] = final[pos]
-            if pos in restarted:
-                info[INFO_KEY] = restarted[pos]
-            self.infos[i] = info
+        infos = self.infos
+        if not (own or final or restarted or truncated.any()):
+            # most steps: no env returned infos, was truncated or rebuilt, so every info is the same
+            for i in indices:
+                infos[i] = {"TimeLimit.truncated": False}
+        else:
+            time_limit = (truncated & ~terminated).tolist()
+            for pos, i in enumerate(indices):
+                info = dict(own[pos]) if pos in own else {}
+                info["TimeLimit.truncated"] = time_limit[pos]
+                if pos in final:
+                    info["terminal_observation"] = final[pos]
+                if pos in restarted:
+                    info[INFO_KEY] = restarted[pos]
+                infos[i] = info
         for pos, reset_info in reply.reset_infos.items():
             info = dict(reset_info)
             if pos in restarted:

@@ -4,9 +4,9 @@
 :mod:`daskvec.learners.on_policy` and :mod:`daskvec.learners.off_policy` call, a mixin: it has the engine collect a
 rollout (:func:`daskvec._core.rollouts.collect_rollout`), stitched into a
 :class:`~daskvec._core.rollouts.Rollout` that starts from the face's observations, and replays
-the rollout's steps into the face's buffers through its sink, as ``step_wait`` writes a
-step. The face's state check, buffers and sink stay its own (:class:`RolloutFace` names
-what a face lends the mixin).
+the rollout's steps into the face's buffers through its reply writer, as ``step_wait``
+writes a step. The face's state check, buffers and writer stay its own
+(:class:`RolloutFace` names what a face lends the mixin).
 """
 
 from __future__ import annotations
@@ -17,19 +17,27 @@ from typing import Any, Protocol
 import gymnasium as gym
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
-from daskvec._core.engine import Engine, Sink
+from daskvec._core.engine import Engine, RebuildReporter
+from daskvec._core.handles import Group
 from daskvec._core.options import Options
 from daskvec._core.rollouts import PolicyShipment, Rollout, collect_rollout
 from daskvec.errors import DaskVecEnvError
-from daskvec.protocol.messages import Command
+from daskvec.protocol.messages import Command, StepReply
 from daskvec.protocol.rollout_records import ExplorationPlan, ObsPipeline
 from daskvec.sb3.buffers import StepBuffers
 
-__all__ = ["RolloutFace", "RolloutMethods"]
+__all__ = ["ReplyWriter", "RolloutFace", "RolloutMethods"]
+
+
+class ReplyWriter(RebuildReporter, Protocol):
+    """Where a face writes step replies (its buffers, and the action-mask cache) and hears of rebuilt envs."""
+
+    def take_step(self, group: Group, reply: StepReply) -> None:
+        """Write ``group``'s step reply into the face's rows of its envs."""
 
 
 class RolloutFace(Protocol):
-    """What a face lends :class:`RolloutMethods`: its engine, buffers, sink, options, action space and state check."""
+    """What a face lends :class:`RolloutMethods`: engine, buffers, reply writer, options, action space, state check."""
 
     @property
     def _engine(self) -> Engine:
@@ -40,8 +48,8 @@ class RolloutFace(Protocol):
         """The face's step buffers (its observations, and the envs whose truncation is deferred)."""
 
     @property
-    def _sink(self) -> Sink:
-        """Where the face takes replies and hears of rebuilt envs."""
+    def _writer(self) -> ReplyWriter:
+        """Where the face writes step replies and hears of rebuilt envs."""
 
     @property
     def options(self) -> Options:
@@ -124,14 +132,17 @@ class RolloutMethods:
         rollout report their truncation at step 0, those moved at its end at the last.
         """
         self._enter_idle()
-        take = self._engine.taker(self._sink)
-        for part in rollout.parts:
-            if t >= part.offset:
-                take(part.group, part.reply.step(t - part.offset))
+        engine, writer = self._engine, self._writer
+        for fragment in rollout.fragments:
+            if t >= fragment.offset:
+                reply = fragment.reply.step(t - fragment.offset)
+                writer.take_step(fragment.group, reply)
+                if reply.restarted:
+                    engine.ledger.env_errors(fragment.group, reply.restarted, engine.recovery.steps)
         if t == 0:
             self._buffers.apply_deferred()
-            self._sink.report_rebuilds(rollout.rebuilds, "step")
+            writer.report_rebuilds(rollout.rebuilds, "step")
         if t == rollout.n_steps - 1:
-            self._sink.report_rebuilds(rollout.moved, "step")
-        self._engine.recovery.steps += 1
+            writer.report_rebuilds(rollout.moved, "step")
+        engine.recovery.steps += 1
         return self._buffers.result()

@@ -30,7 +30,7 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from daskvec._core.engine import Engine, EngineViews
-from daskvec._core.handles import Group
+from daskvec._core.handles import Group, StepOutcome
 from daskvec._core.masks import ActionMaskCache
 from daskvec._core.options import Options, ignore_subproc_keywords
 from daskvec._core.recovery import Rebuild
@@ -54,8 +54,12 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class _Sink:
-    """The SB3 face's sink (:class:`~daskvec._core.engine.Sink`): its step buffers and the replies' action masks."""
+class _ReplyWriter:
+    """Writes replies and rebuilt envs into the step buffers and the action-mask cache, together.
+
+    It is the :class:`~daskvec._core.engine.RebuildReporter` of :meth:`Engine.finish
+    <daskvec._core.engine.Engine.finish>` too: a rebuilt env's reset reply brings its mask.
+    """
 
     def __init__(self, buffers: StepBuffers, masks: ActionMaskCache) -> None:
         self.buffers, self.masks = buffers, masks
@@ -75,100 +79,50 @@ class _Sink:
 
 
 class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
-    """A vectorized environment whose envs live as Dask actors on a cluster.
+    """A Stable-Baselines3 vec env whose envs live as Dask actors on a cluster.
 
-    A drop-in replacement for ``SubprocVecEnv``: the same step, reset, seeding and
-    auto-reset semantics, and the same ``get_attr``/``set_attr``/``env_method``
-    interface, with the environments spread over the workers of a
-    ``dask.distributed`` cluster in groups (one actor holds a slice of envs, and
-    a step costs one round trip per actor).
+    A drop-in replacement for ``SubprocVecEnv`` (the same step, reset, seeding and
+    auto-reset semantics, and ``get_attr``/``set_attr``/``env_method``), with the envs
+    spread over the workers of a ``dask.distributed`` cluster in groups: one actor holds
+    a slice of envs, and a step costs one round trip per actor. How it fits SB3 and its
+    ecosystem: docs/sb3.md; every option, its Dask config key and default:
+    docs/configuration.md; lost workers, env errors and moves: docs/fault-tolerance.md.
 
     Parameters
     ----------
     env_fns : list of callable
-        Zero-argument callables that each create one environment. They are pickled
-        and called on the workers, never on the client. Functions and classes from
-        ``__main__``, notebooks or local modules are sent by value.
+        Zero-argument callables that each create one env, pickled (by value, from
+        ``__main__`` or notebooks too) and called on the workers, never here.
     client : distributed.Client, str, Cluster or None, optional
-        Where the envs run. A ``Client``; a scheduler address such as
-        ``"tcp://10.0.0.1:8786"``; a cluster object (``LocalCluster``,
-        ``SLURMCluster``, ...); or ``None``: the current default client if there is
-        one, else an embedded multi-process ``LocalCluster`` sized to this machine,
-        which :meth:`close` shuts down. DaskVecEnv never closes a client or cluster
-        it did not create.
-    envs_per_actor : int, optional
-        Envs per actor. Default: one actor per eligible worker, envs spread evenly.
-        This option and those from ``transport`` to ``cache_action_masks`` default to
-        ``None``: Dask's config ``daskvec.<name>`` (docs/configuration.md; its default here).
+        Where the envs run: a ``Client``, a scheduler address, a cluster object, or
+        ``None``: the default client, else an embedded ``LocalCluster`` that
+        :meth:`close` shuts down. A client or cluster given here is never closed.
+    envs_per_actor, transport, env_process, busy_poll : optional
+        How envs are grouped into actors, how steps reach them (``"auto"``, ``"direct"``,
+        ``"actor"``, ``"direct-insecure"``), whether each group's envs run in a process
+        of their own, and how long a group polls for the next step. These options and
+        all below (except ``workers``, ``resources``, ``cluster_kwargs``) default to
+        ``None``: Dask's config ``daskvec.<name>`` (docs/configuration.md).
+    timeout, connect_timeout, step_timeout, worker_wait_timeout : float, optional
+        Seconds that any single wait, a scheduler address's answer, a step (then its
+        envs count as hung and are rebuilt elsewhere) and an eligible worker may take.
+    on_worker_lost, on_env_error, max_restarts : optional
+        A lost or hung worker: ``"restart"`` its envs elsewhere or ``"raise"``. An env
+        that raises: ``"raise"`` its error here or ``"restart"`` the env, at most
+        ``max_restarts`` times per env. Either way a rebuilt env reports a truncation.
+    migrate_before, auto_rebalance, rebalance_interval : optional
+        Move envs off a worker this many seconds before its walltime ends; with
+        ``auto_rebalance``, onto workers that joined, checked every ``rebalance_interval`` s.
+    cache_action_masks : bool, optional
+        Answer ``env_method("action_masks")`` from the masks sent with every reply.
     workers : list of str, optional
         Addresses or names of the workers that may hold envs.
     resources : dict, optional
         Worker resources (e.g. ``{"envs": 1}``) a worker must have to hold envs.
-    transport : {"auto", "direct", "actor", "direct-insecure"}
-        ``"direct"``: a dedicated authenticated socket to each actor (fast); on a
-        secured cluster (TLS or dask-gateway, see docs/security.md) it is TLS with the
-        cluster's own certificates. ``"actor"``: plain Dask actor calls. ``"auto"``
-        (default): direct where the worker can be reached, else actor calls.
-        ``"direct-insecure"``: the unencrypted direct channel even on a secured
-        cluster (logged as a warning).
-    env_process : bool
-        Run each group's envs in a process of their own beside its worker (POSIX
-        systems only). An env that crashes the interpreter then takes only its group
-        down (it is rebuilt like a lost one), a hung step can be ended by killing that
-        process, and stepping never competes with the worker's event loop for the GIL.
-        It costs one Python interpreter per group and 1-4 s more to build the envs
-        (each process imports what the factories need). Default ``False``: the envs
-        live inside the worker process.
-    busy_poll : float, optional
-        Seconds a group's direct channel keeps polling for the next step after each
-        reply before it sleeps (default 0.002). While the client steps quickly, the
-        next request is then picked up without waking a sleeping thread, which costs
-        tens to hundreds of microseconds per round trip on virtual machines. It spends
-        at most this much worker CPU per step, only when one group is stepping in the
-        worker's process, stops while the client is slow (e.g. during training
-        updates) and pauses while the worker's core is contended. ``0`` turns it
-        off; it has no effect on the actor transport. When not given, each worker
-        reads its own ``daskvec.busy-poll``.
-    timeout : float
-        Seconds any single wait may take (creating envs, attribute calls, reset).
-    connect_timeout : float
-        Seconds a scheduler address given as ``client`` may take to answer (default 5,
-        at most ``timeout``); then a ``ValueError`` names the address.
-    step_timeout : float, optional
-        Seconds a step may take before its envs are treated as hung and rebuilt
-        elsewhere (default 60: a frozen worker stalls the run at most that long;
-        keep it well above the slowest honest step). ``None`` in the config: ``timeout``.
-    on_worker_lost : {"restart", "raise"}
-        When a worker holding envs dies or hangs: rebuild its envs on live workers
-        and report truncations (default), or raise :class:`~daskvec.errors.WorkerLostError`.
-    on_env_error : {"raise", "restart"}
-        When an env raises in ``step``/``reset``: re-raise it on the client
-        (default, like ``SubprocVecEnv``), or rebuild that env and report a
-        truncation with the error in its info.
-    max_restarts : int
-        Per-env budget of restarts after env errors (``on_env_error="restart"``);
-        past it, :class:`~daskvec.errors.EnvRestartBudgetExceeded` is raised.
-    worker_wait_timeout : float
-        Seconds to wait for an eligible worker when none is left.
-    migrate_before : float
-        Envs on a worker expected to leave within this many seconds (its
-        ``--lifetime`` or batch-job walltime) are moved off it beforehand.
-    auto_rebalance : bool
-        Check every ``rebalance_interval`` seconds whether workers joined and move
-        envs onto them (each moved env reports a truncation).
-    rebalance_interval : float
-        See ``auto_rebalance``.
-    cache_action_masks : bool
-        When the envs have an ``action_masks`` method (sb3-contrib's ``MaskablePPO``),
-        their masks come back with every step and reset reply, and
-        ``env_method("action_masks")`` is answered from them without a round trip
-        while nothing has changed the envs since (see :mod:`daskvec._core.masks`). Default
-        ``True``; ``False`` asks the envs each time.
     cluster_kwargs : dict, optional
         Extra arguments for the embedded ``LocalCluster``.
     start_method : str, optional
-        Accepted for code written for ``SubprocVecEnv`` and ignored, with an INFO log
-        line: the envs live in Dask workers, whose processes Dask starts.
+        Accepted for code written for ``SubprocVecEnv``, and ignored (logged).
 
     Attributes
     ----------
@@ -305,7 +259,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self.env_fns, self.client, self.options = engine.env_fns, engine.client, engine.options
         self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
         self._masks = ActionMaskCache(engine.n_envs)
-        self._sink = _Sink(self._buffers, self._masks)
+        self._writer = _ReplyWriter(self._buffers, self._masks)
         self._state, self._interrupted = State.IDLE, False  # _interrupted: a step_wait() cut short by Ctrl-C
         super().__init__(engine.n_envs, engine.observation_space, engine.action_space)  # asks the envs for render_mode
         self.reset_infos = self._buffers.reset_infos
@@ -360,10 +314,10 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self._enter(State.IDLE)
         engine = self._engine
         if engine.recovery.moves_planned:
-            engine.report(self._sink, "reset", engine.recovery.migrate)
+            engine.report(self._writer, "reset", engine.recovery.migrate)
         self._buffers.forget_deferred()
         engine.reset_groups(
-            list(self._seeds), list(self._options), self._sink.take_reset, engine.lost_handler(self._sink, "reset")
+            list(self._seeds), list(self._options), self._writer.take_reset, engine.lost_handler(self._writer, "reset")
         )
         self._reset_seeds()
         self._reset_options()
@@ -386,15 +340,18 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
     def step_wait(self) -> VecEnvStepReturn:
         """Wait once for all groups' results and return them (see base class)."""
         self._enter(State.STEPPING)
-        engine = self._engine
+        engine, writer = self._engine, self._writer
+        outcome = StepOutcome()
         try:
-            outcome = engine.collect_step(self._sink)
+            with contextlib.closing(engine.collect_step(outcome)) as replies:
+                for group, reply in replies:  # each as soon as it is read
+                    writer.take_step(group, reply)
         finally:
             self._interrupted = engine.stepping  # an interrupted wait stays pending
             if not self._interrupted:
                 self._state = State.IDLE
         self._buffers.apply_deferred()
-        engine.finish(outcome, self._sink)
+        engine.finish(outcome, writer)
         return self._buffers.result()
 
     # ------------------------------------------------------------------ per-env calls
@@ -405,7 +362,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self._enter(State.IDLE)
         engine = self._engine
         wanted = engine.positions(indices)
-        return engine.per_env(cmd, lambda _g, p: make_args(p), wanted, engine.lost_handler(self._sink, "deferred"))
+        return engine.per_env(cmd, lambda _g, p: make_args(p), wanted, engine.lost_handler(self._writer, "deferred"))
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """Return attribute from vectorized environment (see base class)."""
@@ -485,7 +442,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         engine = self._engine
         moved = engine.recovery.plan_rebalance()
         if moved and not self._buffers.has_obs:
-            engine.report(self._sink, "reset", engine.recovery.migrate)
+            engine.report(self._writer, "reset", engine.recovery.migrate)
         return moved
 
     @property

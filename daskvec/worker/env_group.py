@@ -38,8 +38,10 @@ from daskvec.protocol.messages import (
     Command,
     GroupDesc,
     GroupSpec,
+    Request,
     ResetReply,
     StepReply,
+    StepRequest,
     restart_seed,
 )
 from daskvec.protocol.rollout_records import RolloutReply, RolloutRequest
@@ -200,7 +202,6 @@ class EnvGroup:
     def _command_table(self) -> dict[str, Callable[..., Any]]:
         """The method that answers each :class:`~daskvec.protocol.messages.Command` (:meth:`dispatch`)."""
         return {
-            Command.STEP: self.step,
             Command.RESET: self.reset,
             Command.GET_ATTR: self._get_attr,
             Command.SET_ATTR: self._set_attr,
@@ -283,13 +284,15 @@ class EnvGroup:
         """Entry point of the Dask-actor transport: encoded request in, encoded reply (or why it cannot be sent) out."""
         return pack_reply(self.dispatch(unpack(data)), self.worker_address)
 
-    def dispatch(self, request: Any) -> Any:
-        """Run one ``(command, args)`` request; return its value or a :class:`RemoteError`."""
+    def dispatch(self, request: Request) -> Any:
+        """Run one request, a :class:`StepRequest` or ``(command, args)``: its value or a :class:`RemoteError`."""
         with self._lock:
             try:
-                cmd, args = request
                 if self._closed:
                     raise RuntimeError("this env group was shut down")
+                if isinstance(request, StepRequest):
+                    return self.step(request.actions)
+                cmd, args = request
                 return self._commands[cmd](*args)
             except EnvFailure as f:
                 return f.error

@@ -540,7 +540,7 @@ def test_an_env_that_restarts_constantly_logs_rate_limited_warnings_and_counts_e
 
     import cloudpickle
 
-    from daskvec.protocol.messages import Command, StepReply
+    from daskvec.protocol.messages import Command, StepReply, StepRequest
     from daskvec.transport.wire import RateLimitedLog
     from daskvec.worker import env_group as group_module
 
@@ -555,7 +555,7 @@ def test_an_env_that_restarts_constantly_logs_rate_limited_warnings_and_counts_e
         start = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="daskvec.worker"):
             for k in range(1, steps + 1):
-                reply = group.dispatch((Command.STEP, (np.array([1, 1]),)))
+                reply = group.dispatch(StepRequest(np.array([1, 1])))
                 assert isinstance(reply, StepReply)
                 assert list(reply.restarted) == [1] and reply.restarted[1]["restarts"] == k
         elapsed = time.monotonic() - start

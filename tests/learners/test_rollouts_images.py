@@ -166,7 +166,7 @@ def frozen_stats(vn: VecNormalize | None) -> dict[str, Any] | None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("norm", [False, True], ids=["raw", "normalized"])
 def test_worker_chain_stacks_as_the_wrappers(layout: str, n_stack: int, norm: bool) -> None:
-    """ObsChain, started afresh at the reset and again from the wrappers' stacks mid-way, gives
+    """ObsChain, started from fresh stacks at the reset and again from the wrappers' stacks mid-way, gives
     every step's observations and stacked terminal observations exactly as SB3's wrappers do."""
     channels_first, wrap = LAYOUTS[layout]
     tap = Tap(DummyVecEnv(pixel_fns(channels_first, monitor=False)))
@@ -212,7 +212,7 @@ def test_worker_chain_dict_observations() -> None:
     plan = RolloutPlan.of(None, chain_of(env))  # type: ignore[arg-type]
     assert (len(plan.stages), plan.norm_at) == (2, 1)
     obs: Any = env.reset()
-    chain = ObsChain(plan.pipeline(None).afresh(), tap.last, frozen_stats(vn))
+    chain = ObsChain(plan.pipeline(None).with_fresh_stacks(), tap.last, frozen_stats(vn))
     assert_same_obs(chain.seen, obs, "reset")
     rng = np.random.default_rng(2)
     ended = 0

@@ -7,11 +7,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from wire_frames import wire
 
 from daskvec._core.handles import Group
 from daskvec.gymnasium.buffers import VectorBuffers
 from daskvec.protocol.messages import INFO_KEY, Autoreset, StepReply
 from daskvec.sb3.buffers import StepBuffers
+from daskvec.transport import decode, encode
 
 
 def group(indices: list[int]) -> Group:
@@ -42,33 +44,60 @@ def test_a_step_that_ends_no_episode_gives_plain_infos() -> None:
     assert rewards.tolist() == [0, 1, 2] and not dones.any()
 
 
-def test_a_reply_marked_quiet_is_written_as_the_same_reply_unmarked() -> None:
-    """The short way for replies the codec marked ``quiet`` writes what the checks would have found."""
+#: Replies in which no env returned an info or was rebuilt: the buffers' short way (``{}``), and an env's
+#: empty info that sends the same reply the general way (``{0: {}}``).
+ENDS = {
+    "none": {},
+    "terminated": {"terminated": np.array([False, True, False])},
+    "truncated": {"truncated": np.array([True, False, False])},
+    "both": {"terminated": np.array([False, True, False]), "truncated": np.array([False, True, True])},
+}
+
+
+def decoded(r: StepReply) -> StepReply:
+    """``r`` as the client reads it off the wire (the codec's short forms, shared empty mappings)."""
+    got = decode(wire(encode(r)))
+    assert isinstance(got, StepReply)
+    return got
+
+
+@pytest.mark.parametrize("ends", list(ENDS))
+def test_a_reply_without_infos_is_written_as_the_same_reply_the_general_way(ends: str) -> None:
+    """The short way for replies with no infos, final observations or rebuilt envs (derived from the
+    reply itself) writes what the general way writes, whatever the end flags, as sent or as decoded."""
     written = []
-    for quiet in (False, True):
-        b = buffers(5)
-        b.dones[:] = True  # the previous step's, to be overwritten
-        b.infos[3] = {"terminal_observation": 1, "TimeLimit.truncated": True}
-        r = reply(3, quiet=quiet)
-        b.take_step(group([1, 3, 4]), r)
-        obs, rewards, dones, infos = b.result()
-        written.append((obs.tolist(), rewards.tolist(), dones.tolist(), infos))
-    assert written[0] == written[1]
-    assert written[1][2] == [True, False, True, False, False] and written[1][3][3] == {"TimeLimit.truncated": False}
+    for r in (reply(3, **ENDS[ends]), reply(3, infos={0: {}}, **ENDS[ends])):
+        for as_read in (r, decoded(r), decoded(r)):  # the second decoding takes the codec's short way
+            b = buffers(5)
+            b.dones[:] = True  # the previous step's, to be overwritten
+            b.infos[3] = {"terminal_observation": 1, "TimeLimit.truncated": True}
+            b.take_step(group([1, 3, 4]), as_read)
+            obs, rewards, dones, infos = b.result()
+            written.append((obs.tolist(), rewards.tolist(), dones.tolist(), infos))
+    assert all(w == written[0] for w in written)
+    done = (ENDS[ends].get("terminated", np.zeros(3, bool)) | ENDS[ends].get("truncated", np.zeros(3, bool))).tolist()
+    assert written[0][2] == [True, done[0], True, done[1], done[2]]
+    if ends in ("none", "terminated"):
+        assert written[0][3][3] == {"TimeLimit.truncated": False}
 
 
+@pytest.mark.parametrize("ends", list(ENDS))
 @pytest.mark.parametrize("autoreset", list(Autoreset))
-def test_the_gymnasium_buffers_write_a_reply_marked_quiet_as_the_same_reply_unmarked(autoreset: Autoreset) -> None:
+def test_the_gymnasium_buffers_write_a_reply_without_infos_as_the_same_reply_the_general_way(
+    autoreset: Autoreset, ends: str
+) -> None:
     written = []
-    for quiet in (False, True):
-        b = VectorBuffers(gym.spaces.Box(-10, 10, (2,), np.float32), 5, autoreset)
-        b.terminations[:] = b.truncations[:] = True  # the previous step's, to be overwritten
-        b.infos[3] = [{"final_obs": 1}]
-        b.take_step(group([1, 3, 4]), reply(3, quiet=quiet))
-        obs, rewards, terminations, truncations, infos = b.result()
-        written.append((obs.tolist(), rewards.tolist(), terminations.tolist(), truncations.tolist(), repr(infos)))
-    assert written[0] == written[1]
-    assert written[1][2] == [True, False, True, False, False] and written[1][3] == written[1][2]
+    for r in (reply(3, **ENDS[ends]), reply(3, infos={0: {}}, **ENDS[ends])):
+        for as_read in (r, decoded(r), decoded(r)):
+            b = VectorBuffers(gym.spaces.Box(-10, 10, (2,), np.float32), 5, autoreset)
+            b.terminations[:] = b.truncations[:] = True  # the previous step's, to be overwritten
+            b.infos[3] = [{"final_obs": 1}]
+            b.take_step(group([1, 3, 4]), as_read)
+            obs, rewards, terminations, truncations, infos = b.result()
+            written.append((obs.tolist(), rewards.tolist(), terminations.tolist(), truncations.tolist(), repr(infos)))
+    assert all(w == written[0] for w in written)
+    terminated = ENDS[ends].get("terminated", np.zeros(3, bool)).tolist()
+    assert written[0][2] == [True, terminated[0], True, terminated[1], terminated[2]]
 
 
 def test_info_rules_for_ended_truncated_and_restarted_envs() -> None:

@@ -32,7 +32,7 @@ from waiting import wait_until
 from wire_frames import COMPACT, PICKLED, read_to_end, recv_exact, wire
 
 from daskvec.cluster.clients import dumps_factories
-from daskvec.protocol.messages import Command, GroupSpec, RemoteError, StepReply
+from daskvec.protocol.messages import Command, GroupSpec, RemoteError, StepReply, StepRequest
 from daskvec.transport import ChannelError, ChannelServer, DirectChannel, ProtocolError, decode, encode, pack, unpack
 from daskvec.transport.wire import FrameReader, digest
 from daskvec.worker import EnvGroup
@@ -382,14 +382,14 @@ def test_fd_exhaustion_in_a_worker_does_not_stop_its_accept_loop(dask_processes:
                 30,
                 "the worker to run out of descriptors",
             )
-            established.send((Command.STEP, (np.array([1]),)))  # stepping goes on during the flood
+            established.send(StepRequest(np.array([1])))  # stepping goes on during the flood
             assert isinstance(established.recv(30), StepReply)
         finally:
             for s in flood:
                 s.close()
         # the same server, under the same limit: the right client gets in and steps
         late = DirectChannel(address, token, connect_timeout=60)
-        late.send((Command.STEP, (np.array([2]),)))
+        late.send(StepRequest(np.array([2])))
         reply = late.recv(30)
         assert isinstance(reply, StepReply) and reply.obs[0, 0] == 2.0  # the second step of the same env
         late.close()

@@ -367,7 +367,7 @@ def test_another_client_of_the_cluster_can_drive_a_group(dclient: Any, client2: 
     """docs/security.md: the token keeps out strangers who reach the port, not the cluster's other clients."""
     from distributed import Actor
 
-    from daskvec.protocol.messages import Command, StepReply
+    from daskvec.protocol.messages import StepReply, StepRequest
     from daskvec.transport import DirectChannel, pack, unpack
     from daskvec.worker import EnvGroup
 
@@ -384,7 +384,7 @@ def test_another_client_of_the_cluster_can_drive_a_group(dclient: Any, client2: 
         tokens = [getattr(a, "token", a) for a in args]
         tokens = [t for t in tokens if isinstance(t, bytes) and len(t) == 32]
         assert len(tokens) == 1, "no 32-byte token among the group task's arguments"
-        step = (Command.STEP, (np.zeros(2, dtype=np.int64),))
+        step = StepRequest(np.zeros(2, dtype=np.int64))
         with client2.as_current():
             actor = Actor(EnvGroup, worker, key)
             address = tuple(actor.describe().result(timeout=30).address)

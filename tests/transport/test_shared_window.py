@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from daskvec.protocol.messages import StepReply
+from daskvec.protocol.messages import StepReply, StepRequest
 from daskvec.transport import ProtocolError, decode, encode
 from daskvec.transport.window import SEALS, WINDOW_MIN_BYTES, WindowReader, WindowWriter, supported
 from daskvec.transport.wire import FrameReader, send_frames
@@ -262,7 +262,7 @@ def test_a_channel_interrupted_while_taking_a_window_leaks_no_descriptor(monkeyp
         assert server.unix_path is not None
         ch = DirectChannel(server.unix_path, token)
         monkeypatch.setattr(WindowReader, "adopt", interrupt)
-        ch.send(("step", (np.zeros(4, np.int64),)))
+        ch.send(StepRequest(np.zeros(4, np.int64)))
         with pytest.raises(KeyboardInterrupt):
             ch.recv(10)
         ch.close()
@@ -415,7 +415,7 @@ def test_a_group_shares_no_window_unless_its_client_said_it_can_read_one() -> No
             channel = DirectChannel(group.describe().unix_path, token)
             channel.send((Command.RESET, ([0, 1, 2, 3], [{}] * 4)))
             channel.recv(10)
-            channel.send(("step", (np.zeros(4, dtype=np.int64),)))
+            channel.send(StepRequest(np.zeros(4, dtype=np.int64)))
             reply = channel.recv(10)
             assert np.array_equal(reply.obs[2], expected(2, 0, 1))
             assert channel.shared_memory is shared

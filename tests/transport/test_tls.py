@@ -20,6 +20,7 @@ import pytest
 from envs import CountingEnv
 
 from daskvec import DaskVecEnv
+from daskvec.protocol.messages import StepRequest
 from daskvec.transport import encode
 
 pytest.importorskip("cryptography")  # Security.temporary() makes its certificates with it
@@ -165,7 +166,7 @@ def test_stranger_on_the_direct_channel_is_refused(client2: Any, tmp_path: Path,
         # with env_process, the channel is the env process's and the actor forwards the count
         assert (desc.env_pid is not None) == env_process  # only an EnvHost reports a separate env process
         refused_before = group.actor.refused_connections().result(timeout=30)
-        request = ("step", ([evil, evil],))
+        request = StepRequest([evil, evil])
         # 1: a well-formed request straight away, as if the handshake did not exist
         _talk(address, encode(request), read_nonce=False)
         # 2: read the challenge, then answer it with a request instead of a proof
@@ -200,7 +201,7 @@ def _tls_talk(address: tuple[str, int], context: ssl.SSLContext, payload: list[b
 @pytest.mark.timeout(120)
 def test_strangers_and_plaintext_clients_are_refused_by_the_tls_channel(tls_cluster: Any, tmp_path: Path) -> None:
     target = tmp_path / "pwned"
-    request = ("step", ([_CreateFile(str(target))] * 2,))
+    request = StepRequest([_CreateFile(str(target))] * 2)
     with DaskVecEnv(
         [functools.partial(CountingEnv, horizon=5)] * 2, client=tls_cluster, envs_per_actor=2, timeout=60
     ) as env:

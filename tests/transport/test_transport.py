@@ -34,7 +34,7 @@ import pytest
 from waiting import wait_until
 from wire_frames import COMPACT, PICKLED, read_to_end, recv_exact, same, step_reply, wire
 
-from daskvec.protocol.messages import EMPTY, ColumnInfos, Command, GroupSpec, StepReply
+from daskvec.protocol.messages import EMPTY, ColumnInfos, Command, GroupSpec, RemoteError, StepReply, StepRequest
 from daskvec.protocol.rollout_records import RolloutReply
 from daskvec.transport import (
     ChannelError,
@@ -74,7 +74,7 @@ def test_step_messages_travel_as_raw_arrays(message: object) -> None:
     assert same(got, message)
     via_actor = unpack(pack(message))  # immutable bytes: arrays must still be writable
     assert same(via_actor, message)
-    values = (got[1][0], via_actor[1][0]) if isinstance(message, tuple) else (got.obs, via_actor.obs)
+    values = (got.actions, via_actor.actions) if isinstance(message, StepRequest) else (got.obs, via_actor.obs)
     for value in values:
         assert isinstance(value, np.ndarray) and value.flags.writeable
 
@@ -84,6 +84,48 @@ def test_other_messages_stay_pickles(message: object) -> None:
     frames = encode(message)
     assert memoryview(frames[1])[0] == 0x80
     assert same(decode(wire(frames)), message)
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [np.array([1, 0, 1], dtype=np.int64), np.zeros((2, 3), dtype=np.float32), [1, 0], np.array([{}, {}], dtype=object)],
+    ids=["int64", "float32 rows", "list", "objects"],
+)
+def test_a_step_request_comes_back_as_a_step_request(actions: Any) -> None:
+    """A StepRequest round-trips as itself by either channel: raw bytes when its actions allow, else a pickle."""
+    request = StepRequest(actions)
+    raw = isinstance(actions, np.ndarray) and not actions.dtype.hasobject
+    for _ in range(2):  # the second time, a small raw request's layout is cached
+        frames = encode(request)
+        assert memoryview(frames[1])[0] == (0x01 if raw else 0x80)
+        for got in (decode(wire(frames)), unpack(pack(request))):
+            assert type(got) is StepRequest and same(got, request)
+
+
+def test_only_a_step_request_is_encoded_as_a_step() -> None:
+    """The codec looks at the message's type, never inside a tuple: ``("step", (actions,))`` is a pickle
+    that decodes to the same tuple, and the raw form decodes to a StepRequest only."""
+    actions = np.array([1, 0, 1], dtype=np.int64)
+    for message in [("step", (actions,)), (Command.ROLLOUT, (actions,)), [actions]]:
+        frames = encode(message)
+        assert memoryview(frames[1])[0] == 0x80
+        got = decode(wire(frames))
+        assert type(got) is type(message) and same(got, message)
+    assert type(decode(wire(encode(StepRequest(actions))))) is StepRequest
+
+
+def test_a_group_steps_on_a_step_request_and_refuses_a_step_tuple() -> None:
+    """EnvGroup.dispatch takes the typed request; a step written as a command tuple is no command of its."""
+    factories = cloudpickle.dumps([functools.partial(InfoEnv, {}, {}, False) for _ in range(2)])
+    group = EnvGroup(factories, GroupSpec((0, 1), token=None), worker_address="test")
+    try:
+        group.dispatch((Command.RESET, ([0, 1], [{}, {}])))
+        assert isinstance(group.dispatch(StepRequest(np.array([0, 1]))), StepReply)
+        refused = group.dispatch(("step", (np.array([0, 1]),)))
+        assert isinstance(refused, RemoteError) and refused.type == "builtins.KeyError"
+        assert isinstance(unpack(group.handle(pack(StepRequest(np.array([1, 0]))))), StepReply)  # the actor's way
+    finally:
+        group.shutdown()
 
 
 def test_a_compact_reply_with_0d_arrays_is_a_protocol_error() -> None:
@@ -117,34 +159,36 @@ def test_a_huge_env_count_in_a_compact_reply_is_a_protocol_error() -> None:
 
 
 def quieted(reply: StepReply) -> StepReply:
-    """``reply`` with no episode ended, nothing sparse and no masks: the most common reply."""
+    """``reply`` with no episode ended, nothing sparse and no masks: the most common reply, the short way's."""
     n = len(reply.rewards)
     no = np.zeros(n, dtype=bool)
     return dataclasses.replace(reply, terminated=no, truncated=no.copy(), final_obs={}, reset_infos={}, masks=None)
 
 
-def test_the_short_ways_write_the_bytes_of_the_long_ways_and_the_quiet_mark_never_lies() -> None:
-    """300 seeded replies, half of them quiet, each sent twice (the second time its layout is known):
-    the bytes are those the general encoder writes; a decoded reply is marked ``quiet`` exactly when
-    no env ended and it has no infos or masks, and is the same reply."""
+def test_the_short_ways_write_the_bytes_of_the_long_ways_and_read_them_back_the_same() -> None:
+    """300 seeded replies, half of them the common kind, each sent twice (the second time its layout
+    is known): the bytes are those the general encoder writes, and the short decoder (taken for the
+    common ones) reads back the same reply as the general one."""
     rng = np.random.default_rng(31)
-    marked = 0
+    short = 0
     for k in range(300):
         reply = random_step_reply(rng)
         if rng.random() < 0.5:
             reply = quieted(reply)
-        quiet = not (reply.terminated.any() or reply.truncated.any() or reply.final_obs or reply.reset_infos)
-        quiet = quiet and reply.masks is None
+        common = not (reply.terminated.any() or reply.truncated.any() or reply.final_obs or reply.reset_infos)
+        common = common and reply.masks is None and not reply.infos
         long_way = codec._framed(*codec._encode_step_reply(reply, None))  # type: ignore[misc]
         for _ in range(2):
             frames = encode(reply)
             assert [bytes(memoryview(f).cast("B")) for f in frames] == [bytes(f) for f in long_way], f"reply {k}"
+            payload = wire(frames)[0]
+            shortcut = codec._decode_common_reply(payload, None)
+            assert (shortcut is not None) <= common, f"reply {k}: read the short way, but is not the common kind"
+            short += shortcut is not None
             for got in (decode(wire(frames)), unpack(pack(reply))):
-                assert got.quiet == quiet, f"reply {k}: marked quiet={got.quiet}, is {quiet}"
                 assert same(got, reply), f"reply {k}: a field differs"
-                assert got.rewards.flags.writeable and (got.obs.flags.writeable or not quiet)
-                marked += got.quiet
-    assert marked >= 300  # the draw covers the quiet replies (about 150 of them, 4 reads each)
+                assert got.rewards.flags.writeable and (got.obs.flags.writeable or not common)
+    assert short >= 100  # the draw covers the common replies (about 150 of them, the second send of each)
 
 
 def test_flags_of_another_shape_or_a_huge_group_take_the_general_way() -> None:
@@ -154,27 +198,29 @@ def test_flags_of_another_shape_or_a_huge_group_take_the_general_way() -> None:
     column = dataclasses.replace(reply, terminated=np.zeros((3, 1), dtype=bool))
     assert memoryview(encode(reply)[1])[0] == 0x02  # the layout is known now: the short way is open
     assert memoryview(encode(column)[1])[0] == 0x80
-    n = codec._QUIET_MAX_ENVS + 1
+    n = codec._ZERO_FLAGS_MAX_ENVS + 1
     big = quieted(step_reply(np.zeros((n, 1), dtype=np.float32), rewards=np.ones(n)))
     for _ in range(2):
         frames = encode(big)
         assert memoryview(frames[1])[0] == 0x02
         got = decode(wire(frames))
-        assert same(got, big) and got.quiet
-    assert n not in codec._QUIET_FLAGS
+        assert same(got, big)
+    assert n not in codec._ZERO_FLAGS
 
 
 @pytest.mark.parametrize("flag", ["terminated", "truncated"])
 @pytest.mark.parametrize("pos", [0, 2])
-def test_an_episode_end_alone_is_never_written_or_read_as_quiet(flag: str, pos: int) -> None:
+def test_an_episode_end_alone_is_never_written_or_read_the_short_way(flag: str, pos: int) -> None:
     """An env that ended with no final observation, reset or infos sent (a group that does not
     reset at once): the flag alone must keep the reply off the short ways."""
     ended = np.arange(3) == pos
     reply = quieted(step_reply(np.arange(6, dtype=np.float32).reshape(3, 2)))
     reply = dataclasses.replace(reply, **{flag: ended})
     for _ in range(2):  # the second time the layout is known
-        got = decode(wire(encode(reply)))
-        assert not got.quiet and getattr(got, flag).tolist() == ended.tolist() and same(got, reply)
+        frames = wire(encode(reply))
+        assert codec._decode_common_reply(frames[0], None) is None
+        got = decode(frames)
+        assert getattr(got, flag).tolist() == ended.tolist() and same(got, reply)
 
 
 @pytest.mark.parametrize(
@@ -192,8 +238,8 @@ def test_a_step_request_of_a_known_layout_is_the_bytes_of_the_long_way(actions: 
     """The first request of a layout fills the cache; later ones, other values too, are written from it."""
     codec._REQUEST_HEAD.clear()
     for values in (actions, actions + 1, actions * 3):
-        request = ("step", (values,))
-        long_way = codec._framed(*codec._encode_step_request(request))  # type: ignore[misc]
+        request = StepRequest(values)
+        long_way = codec._framed(*codec._encode_step_request(values))
         frames = encode(request)
         assert [bytes(f) for f in frames] == [bytes(f) for f in long_way]
         assert same(decode(wire(frames)), request)
@@ -337,7 +383,7 @@ def ended_reply(n: int, pos: int, how: str, masks: bool = False) -> StepReply:
 @pytest.mark.parametrize("how", ["terminated", "truncated"])
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_compact_reply_in_which_only_the_last_env_ends(n: int, how: str, masks: bool) -> None:
-    """The last env's flag byte alone says that a step was not quiet: it must not be skipped."""
+    """The last env's flag byte alone says that an episode ended in the step: it must not be skipped."""
     reply = ended_reply(n, n - 1, how, masks)
     frames = encode(reply)
     assert memoryview(frames[1])[0] == (0x03 if masks else 0x02)  # compact, not a pickle
@@ -791,7 +837,7 @@ def test_group_replies_are_compact_when_the_flags_say_all(
     try:
         group.dispatch((Command.RESET, ([0, 1, 2], [{}, {}, {}])))
         for step in (1, 2):  # the second step ends every episode
-            reply = group.dispatch((Command.STEP, (np.array([0, 1, 0]),)))
+            reply = group.dispatch(StepRequest(np.array([0, 1, 0])))
             assert isinstance(reply, StepReply)
             if not fail:
                 ended = step == 2
@@ -807,8 +853,8 @@ def test_group_replies_are_compact_when_the_flags_say_all(
 
 
 # --------------------------------------------------------------------------- the client's reads and writes
-def test_quiet_compact_replies_share_one_read_only_empty_mapping() -> None:
-    """No fresh empty dicts per quiet reply, and no reader can fill the shared one by mistake."""
+def test_compact_replies_with_no_episode_end_share_one_read_only_empty_mapping() -> None:
+    """No fresh empty dicts per reply in which no episode ended, and no reader can fill the shared one by mistake."""
     quiet = step_reply(np.zeros((3, 2)), terminated=np.zeros(3, dtype=bool), final_obs={}, reset_infos={})
     first, second = decode(wire(encode(quiet))), decode(wire(encode(quiet)))
     for got in (first, second):
@@ -873,9 +919,9 @@ def test_a_round_trip_is_one_send_one_poll_one_recv(server: ChannelServer, monke
     waits = ch._reader._readable = CountingPoll(ch._reader._readable)
     actions = np.array([1, 0, 1, 1], dtype=np.int64)
     for k in range(50):
-        ch.send(("step", (actions + k,)))
-        status, (_, (got,)) = ch.recv(10)
-        assert status == "ok" and got.tolist() == (actions + k).tolist()
+        ch.send(StepRequest(actions + k))
+        status, echoed = ch.recv(10)
+        assert status == "ok" and echoed.actions.tolist() == (actions + k).tolist()
     ch.close()
     # on Linux a Unix channel reads with recvmsg, to take a shared window's descriptor with the bytes
     assert calls == {"sendmsg": 50, "recvmsg_into" if window_supported() else "recv_into": 50}
@@ -915,14 +961,14 @@ def test_a_worker_reads_each_request_with_one_recv(server: ChannelServer, monkey
     assert server.unix_path is not None
     client_thread = threading.get_ident()
     ch = DirectChannel(server.unix_path, TOKEN)  # the serving loop's reader is made with the counting poll
-    ch.send(("step", (np.zeros(3),)))  # the serving loop has begun: its next receive is counted
+    ch.send(StepRequest(np.zeros(3)))  # the serving loop has begun: its next receive is counted
     assert ch.recv(10)[0] == "ok"
     for name in ("settimeout", "setblocking", "recv", "recv_into", "recvmsg_into", "sendmsg", "sendall"):
         monkeypatch.setattr(socket.socket, name, counting(name))
     for k in range(50):
-        ch.send(("step", (np.full(3, float(k)),)))
-        status, (_, (got,)) = ch.recv(10)
-        assert status == "ok" and got.tolist() == [float(k)] * 3
+        ch.send(StepRequest(np.full(3, float(k))))
+        status, echoed = ch.recv(10)
+        assert status == "ok" and echoed.actions.tolist() == [float(k)] * 3
     ch.close()
     # the receive waiting when the counting began, or the one waiting after the last request, may be left out
     assert calls.get("sendmsg", 0) == 50 and 49 <= calls.get("recv_into", 0) <= 51, calls
@@ -1007,7 +1053,7 @@ def test_a_send_to_a_peer_that_reads_nothing_is_bounded() -> None:
         a.setblocking(False)
         big = np.zeros(64 << 20, dtype=np.uint8)  # far more than a socket buffer holds
         with pytest.raises(TimeoutError):
-            write_frames(a, encode(("step", (big,))), timeout=0.05)
+            write_frames(a, encode(StepRequest(big)), timeout=0.05)
     a, b = socket.socketpair()
     with a:
         b.close()
