@@ -1,4 +1,4 @@
-"""Issue 21: the scheduler lost (SIGKILL) or frozen (SIGSTOP) under a stepping vec env.
+"""The scheduler lost (SIGKILL) or frozen (SIGSTOP) under a stepping vec env.
 
 Real ``dask scheduler`` and ``dask worker`` processes. A witness env's observation is
 ``(env index, episode, step)``: every observation a vec env hands out is checked

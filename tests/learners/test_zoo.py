@@ -1,4 +1,4 @@
-"""Issue 14 (part 5): ``daskvec zoo`` trains an RL Zoo configuration with its envs on a Dask cluster.
+"""``daskvec zoo`` trains an RL Zoo configuration with its envs on a Dask cluster.
 
 The command runs in a process of its own, as users run it: importing ``rl_zoo3`` replaces
 ``gymnasium.wrappers.TimeLimit`` with the zoo's own subclass for the whole process

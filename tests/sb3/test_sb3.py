@@ -1,4 +1,4 @@
-"""Issue 14 (parts 4 and 6): daskvec's figures in SB3's logger; sb3-contrib on DaskVecEnv; action masks."""
+"""daskvec's figures in SB3's logger; sb3-contrib on DaskVecEnv; action masks."""
 
 from __future__ import annotations
 
