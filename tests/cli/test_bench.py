@@ -193,6 +193,7 @@ def test_env_processes_are_counted_on_their_workers(cluster2: Any, tmp_path: Pat
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.processes
 def test_cli_run_embedded_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``daskvec bench`` as the CLI calls it, on the default embedded LocalCluster."""
     parser = argparse.ArgumentParser()
@@ -334,6 +335,7 @@ def test_contention_structure(cluster2: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.processes
 def test_ceiling_splits_the_step_time(tmp_path: Path) -> None:
     """``--scenario ceiling``: the ideal from DummyVecEnv, each variant's time split and CPU per vec-step."""
     from benchmarks.ceiling import format_ceiling_table, run_ceiling
@@ -575,6 +577,7 @@ def test_vector_groups_against_envpool_alone_structure(client2: Any) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_envpool_layout_benchmark_structure() -> None:
     """One EnvPool as one group against one EnvPool per core, each as a fraction of EnvPool alone."""
     pytest.importorskip("envpool", reason="envpool is not installed (pip install envpool)")
@@ -595,6 +598,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.processes
 def test_against_a_commit_alternates_both_versions_in_one_process(tmp_path: Path) -> None:
     """``benchmarks/against.py`` takes the package at a commit from git under another name and
     alternates it with this checkout (here HEAD against itself: the machinery, not a speed)."""
@@ -619,6 +623,7 @@ def test_against_a_commit_alternates_both_versions_in_one_process(tmp_path: Path
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.processes
 def test_against_a_commit_on_envpool_groups_times_envpool_alone_too() -> None:
     """The EnvPool scenario of ``benchmarks/against.py``: both versions' groups and EnvPool alone in each round."""
     if not (REPO / ".git").exists() or shutil.which("git") is None:
@@ -724,6 +729,7 @@ def test_rtt_option_is_checked() -> None:
         parser.parse_args(["--rtt", "0,-2"])
 
 
+@pytest.mark.processes
 def test_wait_idle_waits_while_every_core_is_busy_and_not_at_all_when_off() -> None:
     from daskvec.bench.machine import _usable_cores, wait_idle
     from daskvec.bench.measure import busy_processes
@@ -765,6 +771,7 @@ def test_timeline_split_lines_up_the_client_and_worker_stamps() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_timeline_runs_on_the_embedded_cluster_and_unhooks_the_client() -> None:
     """A brief real run: every part measured on most vec-steps, and this process's channels left as they were."""
     from benchmarks.timeline import run

@@ -18,6 +18,9 @@ from scripted_envs import random_cartpole_return
 
 from daskvec import cli
 
+#: Every test here starts processes (scripts, `dask` commands, clusters).
+pytestmark = pytest.mark.processes
+
 #: Short PPO rollouts so that a couple of thousand steps make several updates.
 SMALL_PPO = ["--hyperparams", "n_steps=64", "batch_size=64", "n_epochs=2"]
 

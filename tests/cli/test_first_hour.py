@@ -31,6 +31,9 @@ from typing import Any
 
 import pytest
 
+#: Every test here starts processes (scripts, `dask` commands, clusters).
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).parents[2]
 #: Printed by DaskVecEnv's profiler warning (daskvec._core.pool), whatever its wording.
 PROFILER_WARNING = "python/cpython#106883"

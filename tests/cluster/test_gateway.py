@@ -26,6 +26,9 @@ import pytest
 
 from daskvec import DaskVecEnv
 
+#: Every test here starts processes (scripts, `dask` commands, clusters).
+pytestmark = pytest.mark.processes
+
 gateway_server = pytest.importorskip("dask_gateway_server")
 dask_gateway = pytest.importorskip("dask_gateway")
 

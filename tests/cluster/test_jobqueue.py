@@ -243,6 +243,7 @@ def test_cluster_for_envs_rejects_plan_fields() -> None:
 
 # ----------------------------------------------------------------------------- a real cluster
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_local_jobs_hold_envs(tmp_path: Path) -> None:
     """dask-jobqueue's LocalCluster runs the same job scripts as local processes."""
     import gymnasium as gym

@@ -624,6 +624,7 @@ def test_a_build_that_returns_after_its_timeout_closes_what_it_made(vector: bool
 
 
 @pytest.mark.timeout(120)  # the 300 s worker_wait_timeout is not waited out
+@pytest.mark.processes
 def test_a_placement_no_embedded_worker_matches_fails_at_once_naming_the_workers() -> None:
     with pytest.raises(WorkerLostError) as info:
         DaskVecEnv(counting(2), workers=["nosuchworker"], worker_wait_timeout=300, cluster_kwargs={"n_workers": 1})
@@ -681,6 +682,7 @@ class SleepOnceEnv(CountingEnv):
 
 
 @pytest.mark.timeout(120)  # without the fallback: WorkerLostError after worker_wait_timeout
+@pytest.mark.processes
 def test_a_worker_that_timed_out_takes_its_envs_back_when_it_is_the_only_one() -> None:
     from distributed import Client, LocalCluster
 

@@ -194,6 +194,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_env_from_a_script_main(procs: DaskProcesses, tmp_path: Path) -> None:
     script = tmp_path / "train_script.py"
     script.write_text(textwrap.dedent(SCRIPT))
@@ -323,6 +324,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.processes
 def test_dependencies_from_pythonpath(tmp_path: Path) -> None:
     """The base interpreter with every dependency on ``PYTHONPATH`` (HPC modules, ``pip install --target``).
 

@@ -29,6 +29,9 @@ from daskvec.cluster.clients import keep_env_workers, scheduler_workers
 from daskvec.errors import DaskVecEnvError, EnvRestartBudgetExceeded, StepTimeoutError
 from daskvec.worker import INFO_KEY, restart_seed
 
+#: Every test here starts processes (scripts, `dask` commands, clusters).
+pytestmark = pytest.mark.processes
+
 
 # --------------------------------------------------------------------------- helpers
 def cartpole() -> gym.Env[Any, Any]:

@@ -88,6 +88,7 @@ def test_zoo_trains_ppo_on_cartpole_from_the_zoos_hyperparameters(cluster2: Any,
     assert re.search(r"^\|\s+env_steps_per_s\s+\|\s+[1-9]", out, re.M), out
 
 
+@pytest.mark.processes
 def test_zoo_refuses_n_workers_with_a_scheduler() -> None:
     proc = daskvec_zoo(["--scheduler", "tcp://127.0.0.1:1", "--n-workers", "2", "--algo", "ppo"])
     assert proc.returncode == 1

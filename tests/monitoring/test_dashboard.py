@@ -133,6 +133,7 @@ def test_install_is_idempotent_and_links_the_navigation() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.processes
 def test_importing_daskvecenv_installs_the_page() -> None:
     import subprocess
     import sys
@@ -243,6 +244,7 @@ def stepped(cluster: Any, client: Any) -> Iterator[Stepped]:
         s.env.close()
 
 
+@pytest.mark.processes
 def test_page_before_any_env_says_so(fresh: tuple[Any, Any]) -> None:
     cluster, _ = fresh
     page = dashboard.DaskvecDashboard(cluster.scheduler)
@@ -369,6 +371,7 @@ def test_http_every_route_and_metric(cluster: Any, stepped: Stepped) -> None:
     assert samples["dask_daskvec_vec_envs"] == 1
 
 
+@pytest.mark.processes
 def test_each_schedulers_metrics_count_only_its_own_envs(
     cluster: Any, stepped: Stepped, fresh: tuple[Any, Any]
 ) -> None:
@@ -396,6 +399,7 @@ def test_each_schedulers_metrics_count_only_its_own_envs(
         env.close()
 
 
+@pytest.mark.processes
 def test_a_malformed_client_event_is_skipped_with_one_log_line(
     fresh: tuple[Any, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -467,6 +471,7 @@ def test_repr_html_lists_workers_and_envs(stepped: Stepped) -> None:
         assert f"{g['envs'][0]}-{g['envs'][-1]}" in html
 
 
+@pytest.mark.processes
 def test_page_after_close_says_so(fresh: tuple[Any, Any]) -> None:
     cluster, client = fresh
     scheduler = cluster.scheduler
@@ -522,6 +527,7 @@ FAIL_AT = 3  # env 0 raises on its 3rd step
 
 
 @pytest.mark.parametrize("env_process", [False, True], ids=["in-worker", "env-process"])
+@pytest.mark.processes
 def test_env_error_and_restart_reach_heartbeat_page_and_prometheus(fresh: tuple[Any, Any], env_process: bool) -> None:
     """One real env error, handled by one restart, counted once on every path to the user."""
     from daskvec import DaskVecEnv
@@ -569,6 +575,7 @@ SCRIPT = (1.0, 2.0, 3.0, 10.0)  # episode returns: mean 4, max 10
 SLOW_EVERY, SLOW_S = 4, 0.05  # every 4th step of each env sleeps 50 ms first
 
 
+@pytest.mark.processes
 def test_known_returns_and_step_times_reach_page_and_prometheus(fresh: tuple[Any, Any]) -> None:
     """Mean return and step-time percentiles on the page and /metrics equal the ones computed here."""
     from daskvec import DaskVecEnv
@@ -619,6 +626,7 @@ def test_known_returns_and_step_times_reach_page_and_prometheus(fresh: tuple[Any
         env.close()
 
 
+@pytest.mark.processes
 def test_an_actor_released_before_it_was_made_is_not_counted(fresh: tuple[Any, Any]) -> None:
     """Dask's scheduler keeps a group actor released while still processing in ``ws.actors``
     for good; the page, ``/metrics`` and the scale-down plugin counted it as a live group."""

@@ -111,6 +111,7 @@ def test_the_closure_blocks_what_it_should() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.processes
 def test_base_dependencies_serve_the_daskvec_page() -> None:
     out, stderr = run_with_base_dependencies("""
         import logging, urllib.request
@@ -144,6 +145,7 @@ def test_base_dependencies_serve_the_daskvec_page() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.processes
 def test_without_bokeh_no_dead_link() -> None:
     out, _ = run_with_base_dependencies(
         """

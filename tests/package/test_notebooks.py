@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from notebook_runs import run_notebook, text_of
 
+#: Every test here starts processes (scripts, `dask` commands, clusters).
+pytestmark = pytest.mark.processes
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 

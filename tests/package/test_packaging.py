@@ -71,6 +71,7 @@ def _run(cmd: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[s
     return subprocess.run(cmd, cwd=cwd, env=_clean_env(**env), capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.processes
 def test_version_is_written_once() -> None:
     """pyproject.toml reads the version from ``daskvec.__version__``, and ``daskvec --version`` prints it."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -142,6 +143,7 @@ def test_the_wheel_carries_the_library_not_the_test_bed(wheel: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_wheel_installed_alone_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
     assert wheel.name == f"daskvec-{daskvec.__version__}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -321,6 +321,7 @@ def _exit_now() -> gym.Env[Any, Any]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_a_factory_that_ends_its_process_is_named_after_one_retry() -> None:
     from distributed import Client, LocalCluster
 

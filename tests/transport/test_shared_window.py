@@ -338,6 +338,7 @@ def set_shared_memory(value: bool) -> bool:
     return value
 
 
+@pytest.mark.processes
 def test_sb3_face_steps_through_the_window_and_survives_a_killed_worker(client: Any) -> None:
     from daskvec import DaskVecEnv
 

@@ -75,6 +75,7 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.processes
 def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct", timeout=60) as env:
         assert env.encrypted and {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
@@ -271,6 +272,7 @@ def test_tls_channel_server_refuses_and_logs_plaintext_and_foreign_certificates(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_the_tls_benchmark_measures_what_it_says() -> None:
     """``daskvec bench --tls``: each kind on the transport its name says (figures are not checked)."""
     from benchmarks.tls import KINDS, format_tls_table, run_tls_benchmark

@@ -592,6 +592,7 @@ def test_machine_id_is_the_host_name_and_the_boot_id() -> None:
     assert machine_id() == f"{socket.gethostname()}/{BOOT_ID.read_text().strip()}"
 
 
+@pytest.mark.processes
 def test_machine_id_differs_on_another_host() -> None:
     """A process whose host name differs (another container, another node) gets another id."""
     code = "from daskvec.transport import machine_id; print(machine_id())"
