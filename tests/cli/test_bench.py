@@ -278,6 +278,7 @@ def test_workload_scenarios_structure(cluster2: Any, tmp_path: Path, scenario: s
     assert "of ideal" in table and "x DummyVecEnv" in table
 
 
+@pytest.mark.processes
 def test_workload_without_its_packages_is_skipped_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
