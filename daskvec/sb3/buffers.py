@@ -97,15 +97,17 @@ class StepBuffers:
         self.write_obs(group, reply.obs)
         self.rewards[group.index] = reply.rewards
         terminated, truncated = reply.terminated, reply.truncated
-        self.dones[group.index] = terminated | truncated
         indices = group.env_indices
         own, final, restarted = reply.infos, reply.final_obs, reply.restarted
         infos = self.infos
-        if not (own or final or restarted or truncated.any()):
+        # (count_nonzero: a fraction of the cost of any() on arrays of a few envs)
+        if not (own or final or restarted or np.count_nonzero(truncated)):
             # most steps: no env returned infos, was truncated or rebuilt, so every info is the same
+            self.dones[group.index] = terminated
             for i in indices:
                 infos[i] = {"TimeLimit.truncated": False}
         else:
+            self.dones[group.index] = terminated | truncated
             time_limit = (truncated & ~terminated).tolist()
             for pos, i in enumerate(indices):
                 info = dict(own[pos]) if pos in own else {}
