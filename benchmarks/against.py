@@ -119,12 +119,12 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
 
     from daskvec import DaskVecEnv
     from daskvec.bench.envs import make_envpool
-    from daskvec.bench.scenarios import Options, _cases
+    from daskvec.bench.scenarios import BenchOptions, _cases
 
     task = ENVPOOL_TASKS.get(scenario)
     frame_stack = 0
     if task is None:
-        (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
+        (case,) = _cases(scenario, [n_envs], BenchOptions().heavy_step_s)
         fns, frame_stack = [case.make] * n_envs, case.frame_stack
         makers: dict[str, Callable[[], Any]] = {"base": lambda: base_cls(fns), "head": lambda: DaskVecEnv(fns)}
     else:
