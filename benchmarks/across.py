@@ -10,13 +10,13 @@ default), side by side:
   round trip);
 - ``sync_collect_steps_per_s``: PPO's own ``collect_rollouts`` over that vec env
   (stepping plus the policy on the client);
-- ``rollout_steps_per_s``: :class:`~daskvec.sb3.DaskPPO`'s ``collect_rollouts``
+- ``rollout_steps_per_s``: :class:`~daskvec.learners.on_policy.DaskPPO`'s ``collect_rollouts``
   (worker-side rollouts, buffer filled on the client): one round trip per rollout;
 - ``ppo_wall_s`` and ``daskppo_wall_s``: ``learn()`` for a fixed number of timesteps
   with PPO over the synchronous vec env and with DaskPPO;
-- ``vector`` (issue 22): ``DaskVecEnv.from_vector_envs`` over one EnvPool group per host
+- ``vector``: ``DaskVecEnv.from_vector_envs`` over one EnvPool group per host
   (HalfCheetah-v5, 64 envs), against EnvPool alone on this machine, when EnvPool is installed;
-- ``learning`` (:mod:`benchmarks.across_learn`, issue 23): ``learn()`` throughput,
+- ``learning`` (:mod:`benchmarks.across_learn`): ``learn()`` throughput,
   training included, of DaskSAC (Pendulum-v1 x16, ``train_freq=(16, "step")``,
   ``gradient_steps=16``) and DaskPPO with ``CnnPolicy`` on 84x84x4 frame stacks, beside
   SAC and PPO over a synchronous DaskVecEnv, with the ``step_wait`` calls per collection;
@@ -105,7 +105,7 @@ def _learn_wall(cls: Any, env: Any, timesteps: int, n_steps: int, seed: int) -> 
     return time.perf_counter() - t0
 
 
-#: The vector groups' workload (issue 22): EnvPool's HalfCheetah, as many groups as hosts.
+#: The vector groups' workload: EnvPool's HalfCheetah, as many groups as hosts.
 VECTOR_TASK, VECTOR_ENVS = "HalfCheetah-v5", 64
 
 
@@ -118,7 +118,7 @@ def measure_vector_groups(client: Any, n_groups: int, seconds: float, repeat: in
     from daskvec.bench.envs import make_envpool
     from daskvec.bench.machine import _usable_cores
     from daskvec.bench.scenarios import missing_packages
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     if missing_packages("envpool") or missing_packages("mujoco"):
         return {"skipped": "envpool and mujoco are not installed (pip install 'daskvec[workloads]')"}
@@ -140,9 +140,16 @@ def measure_vector_groups(client: Any, n_groups: int, seconds: float, repeat: in
             rates["alone"].append(_stepping_rate(alone.step, actions, seconds) * VECTOR_ENVS)
             rates["groups"].append(_stepping_rate(env.step, actions, seconds) * VECTOR_ENVS)
         groups, reference = statistics.median(rates["groups"]), statistics.median(rates["alone"])
-        return {"task": VECTOR_TASK, "n_envs": VECTOR_ENVS, "groups": len(env.groups), "samples": rates,
-                "steps_per_s": groups, "envpool_alone_steps_per_s": reference, "of_envpool": groups / reference,
-                "transport": env.transport_summary()}  # fmt: skip
+        return {
+            "task": VECTOR_TASK,
+            "n_envs": VECTOR_ENVS,
+            "groups": len(env.groups),
+            "samples": rates,
+            "steps_per_s": groups,
+            "envpool_alone_steps_per_s": reference,
+            "of_envpool": groups / reference,
+            "transport": env.transport_summary(),
+        }
     finally:
         env.close()
         alone.close()
@@ -155,7 +162,7 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
     from benchmarks.across_learn import measure_learning
     from benchmarks.hosts import emulated_hosts
     from daskvec.sb3 import DaskPPO
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     out: dict[str, Any] = {"rtt_ms": rtt}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -185,7 +192,7 @@ def _measure_rtt(rtt: float, n_hosts: int, n_envs: int, opts: dict[str, Any], wo
             ("ppo", "ppo_wall_s"),
             ("daskppo", "daskppo_wall_s"),
         ):
-            out[name] = float(statistics.median(samples[key]))  # fmt: skip
+            out[name] = float(statistics.median(samples[key]))
         out["restarts"] = int(env.restart_counts.sum())
         out["learning"] = measure_learning(client, opts["learning"], seed, opts["repeat"])
         out["vector"] = measure_vector_groups(client, n_hosts, opts["seconds"], opts["repeat"], seed)
@@ -249,14 +256,32 @@ def run_across_hosts(
         raise RuntimeError(f"the across-hosts benchmark cannot run here: {reason}")
     if not rtts or any(r < 0 for r in rtts):
         raise ValueError(f"rtts must be non-negative round trips in ms, not {list(rtts)!r}")
-    opts: dict[str, Any] = {"seconds": seconds, "n_steps": n_steps, "rollouts": rollouts, "timesteps": timesteps,
-                            "seed": seed, "repeat": repeat, "learning": learning or LearnSettings()}  # fmt: skip
+    opts: dict[str, Any] = {
+        "seconds": seconds,
+        "n_steps": n_steps,
+        "rollouts": rollouts,
+        "timesteps": timesteps,
+        "seed": seed,
+        "repeat": repeat,
+        "learning": learning or LearnSettings(),
+    }
     started = time.perf_counter()
-    settings = {"rtts_ms": list(rtts), "n_hosts": n_hosts, "n_envs": n_envs, "env": "CartPole-v1", **opts,
-                "learning": opts["learning"].describe(image_env()[1])}  # fmt: skip
-    results: dict[str, Any] = {"created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                               "machine": machine_info(), "settings": settings, "relay": measure_relay_cost(),
-                               "rows": [], "complete": False}  # fmt: skip
+    settings = {
+        "rtts_ms": list(rtts),
+        "n_hosts": n_hosts,
+        "n_envs": n_envs,
+        "env": "CartPole-v1",
+        **opts,
+        "learning": opts["learning"].describe(image_env()[1]),
+    }
+    results: dict[str, Any] = {
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "settings": settings,
+        "relay": measure_relay_cost(),
+        "rows": [],
+        "complete": False,
+    }
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with _terminate_as_exit(), tempfile.TemporaryDirectory(prefix="daskvec-across-") as tmp:
         for k, rtt in enumerate(rtts):
@@ -341,11 +366,15 @@ def format_across_table(results: dict[str, Any]) -> str:
             why = f"skipped ({vec['skipped']})" if "skipped" in vec else f"failed: {vec['error']}"
             lines.append(f"vector groups at {r['rtt_ms']:g} ms: {why}")
             continue
-        lines.append(f"vector groups at {r['rtt_ms']:g} ms: EnvPool {vec['task']} x{vec['n_envs']} as {vec['groups']} "
-                     f"groups {vec['steps_per_s']:,.0f} env-steps/s, {vec['of_envpool']:.2f} of EnvPool alone here "
-                     f"({vec['envpool_alone_steps_per_s']:,.0f}); {vec['transport']}")  # fmt: skip
+        lines.append(
+            f"vector groups at {r['rtt_ms']:g} ms: EnvPool {vec['task']} x{vec['n_envs']} as {vec['groups']} "
+            f"groups {vec['steps_per_s']:,.0f} env-steps/s, {vec['of_envpool']:.2f} of EnvPool alone here "
+            f"({vec['envpool_alone_steps_per_s']:,.0f}); {vec['transport']}"
+        )
     relay = results["relay"]
-    lines.append(f"relay's own cost per round trip: {relay['cost_us']:.0f} us "
-                 f"(direct {relay['direct_us']:.0f} us, relayed {relay['relayed_us']:.0f} us)")  # fmt: skip
+    lines.append(
+        f"relay's own cost per round trip: {relay['cost_us']:.0f} us "
+        f"(direct {relay['direct_us']:.0f} us, relayed {relay['relayed_us']:.0f} us)"
+    )
     lines.append("goals: " + ", ".join(f"{k}={'met' if v else 'NOT met'}" for k, v in results["goals"].items()))
     return "\n".join(lines)

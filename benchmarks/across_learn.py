@@ -1,12 +1,12 @@
-"""Learning throughput across emulated hosts (issue 23 part 3), for :mod:`benchmarks.across`.
+"""Learning throughput across emulated hosts, for :mod:`benchmarks.across`.
 
 Two workloads, each with the worker-side learner beside SB3's own algorithm over the
 same synchronous :class:`~daskvec.DaskVecEnv`, timed over ``learn()`` (env-steps per
 second, training included):
 
-- ``sac``: :class:`~daskvec.sb3.DaskSAC` and SB3's ``SAC`` on Pendulum-v1 (16 envs,
+- ``sac``: :class:`~daskvec.learners.on_policy.DaskSAC` and SB3's ``SAC`` on Pendulum-v1 (16 envs,
   ``train_freq=(16, "step")``, ``gradient_steps=16``);
-- ``cnn``: :class:`~daskvec.sb3.DaskPPO` and SB3's ``PPO`` with ``CnnPolicy`` on 84x84x4
+- ``cnn``: :class:`~daskvec.learners.on_policy.DaskPPO` and SB3's ``PPO`` with ``CnnPolicy`` on 84x84x4
   frame stacks (``VecFrameStack(4)`` over 84x84 grey frames: Atari Pong when ``ale-py``
   is installed, otherwise :func:`~daskvec.bench.envs.grey_frames`, a cheap synthetic image
   env; the results say which).
@@ -34,9 +34,14 @@ from daskvec.bench.envs import grey_frames, make_atari
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "LearnSettings", "StepWaitSpy", "format_learning_table", "image_env", "learning_ratios", "measure_learning",
+    "LearnSettings",
+    "StepWaitSpy",
+    "format_learning_table",
+    "image_env",
+    "learning_ratios",
+    "measure_learning",
     "pendulum",
-]  # fmt: skip
+]
 
 
 #: The off-policy workload's env (gymnasium's own factory).
@@ -155,9 +160,16 @@ def _learn(make_model: Callable[[], Any], venv: Any, timesteps: int) -> dict[str
         t0 = time.perf_counter()
         model.learn(timesteps, callback=counter)
         wall = time.perf_counter() - t0
-    return {"steps_per_s": model.num_timesteps / wall, "wall_s": wall, "timesteps": model.num_timesteps,
-            "collections": counter.rollouts, "vec_steps": counter.vec_steps, "step_waits": spy.step_waits,
-            "worker_collections": spy.collections, **spent}  # fmt: skip
+    return {
+        "steps_per_s": model.num_timesteps / wall,
+        "wall_s": wall,
+        "timesteps": model.num_timesteps,
+        "collections": counter.rollouts,
+        "vec_steps": counter.vec_steps,
+        "step_waits": spy.step_waits,
+        "worker_collections": spy.collections,
+        **spent,
+    }
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -204,7 +216,7 @@ def measure_learning(
     from stable_baselines3.common.vec_env import VecFrameStack
 
     from daskvec.sb3 import DaskPPO, DaskSAC
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     s = settings
     image = image or image_env()[0]
@@ -286,7 +298,10 @@ def format_learning_table(results: dict[str, Any]) -> list[str]:
         lines.append(f"{r['rtt_ms']:>6g} {' '.join(cells)}  {' '.join(waits)}")
     lines.append("(DVE: over the synchronous DaskVecEnv) seconds in collect_rollouts / train (medians):")
     for r in rows:
-        split = [f"{r['learning'][c][k]['collect_s']:.2f}/{r['learning'][c][k]['train_s']:.2f}"
-                 for c in ("sac", "cnn") for k in ("dask", "sb3")]  # fmt: skip
+        split = [
+            f"{r['learning'][c][k]['collect_s']:.2f}/{r['learning'][c][k]['train_s']:.2f}"
+            for c in ("sac", "cnn")
+            for k in ("dask", "sb3")
+        ]
         lines.append(f"{r['rtt_ms']:>6g} " + " ".join(f"{x:>15}" for x in split))
     return lines

@@ -13,7 +13,7 @@ The scenarios are ``daskvec bench``'s stepping cases (``light``: CartPole-v1;
 ``heavy``: a busy-loop env of 1 ms of CPU a step), built by this checkout's
 ``daskvec.bench.scenarios``, so both versions step the same envs, as are ``atari`` (Pong,
 SB3's ``AtariWrapper``, ``VecFrameStack(4)``) and ``mujoco`` (HalfCheetah-v5); and the EnvPool
-groups of issue 22 (``envpool-mujoco``: HalfCheetah-v5, ``envpool-atari``: Pong-v5),
+groups (``envpool-mujoco``: HalfCheetah-v5, ``envpool-atari``: Pong-v5),
 one ``from_vector_envs`` group of ``--envs`` envs with a thread per core, as ``daskvec
 bench``'s ``dask-envpool``, with EnvPool alone (the same threads, its Gymnasium API)
 timed in the same rounds: ``of_alone`` is each version's rate over EnvPool's. The earlier copy
@@ -57,10 +57,19 @@ def materialize(commit: str, into: Path, repo: Path | None = None) -> str:
     """
     repo = repo or Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", f"{commit}^{{commit}}"],
-                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()  # fmt: skip
-        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", sha, "daskvec"],
-                                 check=True, capture_output=True, timeout=120).stdout  # fmt: skip
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", f"{commit}^{{commit}}"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", sha, "daskvec"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", b"") or b""
         detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
@@ -71,16 +80,30 @@ def materialize(commit: str, into: Path, repo: Path | None = None) -> str:
     with tarfile.open(tar_path) as tar:
         tar.extractall(into, filter="data")
     (into / "daskvec").rename(into / name)
-    for path in (into / name).rglob("*.py"):
-        text = path.read_text(encoding="utf-8")
-        path.write_text(_IMPORT.sub(lambda m: f"{m.group(1)} {name}", text), encoding="utf-8")
+    root = into / name
+    # modules named in strings (a Dask preload, say): those of two dots or more, which no
+    # config key ("daskvec.timeout") can be mistaken for
+    modules = {
+        ".".join(("daskvec", *p.relative_to(root).with_suffix("").parts))
+        for p in root.rglob("*.py")
+        if len(p.relative_to(root).parts) > 1 and p.stem != "__init__"
+    }
+    named = re.compile(r"([\"'])(" + "|".join(re.escape(m) for m in sorted(modules)) + r")\1") if modules else None
+    for path in root.rglob("*.py"):
+        text = _IMPORT.sub(lambda m: f"{m.group(1)} {name}", path.read_text(encoding="utf-8"))
+        if named is not None:
+            text = named.sub(lambda m: f"{m.group(1)}{name}{m.group(2)[len('daskvec') :]}{m.group(1)}", text)
+        path.write_text(text, encoding="utf-8")
     return name
 
 
 def load_base(name: str, where: Path) -> Any:
     """Import the copy ``name`` from ``where`` (its worker processes find it too); its ``DaskVecEnv``."""
     sys.path.insert(0, str(where))  # spawned worker processes start with this process's sys.path
-    cluster: Any = importlib.import_module(f"{name}.cluster")
+    try:  # the package laid out by role: its callers import the function when they call it
+        cluster: Any = importlib.import_module(f"{name}.cluster.clients")
+    except ModuleNotFoundError:  # an older copy: one module
+        cluster = importlib.import_module(f"{name}.cluster")
     cluster.install_dashboard_page = lambda: False  # see the module's docstring
     return importlib.import_module(name).DaskVecEnv
 
@@ -96,19 +119,22 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
 
     from daskvec import DaskVecEnv
     from daskvec.bench.envs import make_envpool
-    from daskvec.bench.scenarios import Options, _cases
+    from daskvec.bench.scenarios import BenchOptions, _cases
 
     task = ENVPOOL_TASKS.get(scenario)
     frame_stack = 0
     if task is None:
-        (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
+        (case,) = _cases(scenario, [n_envs], BenchOptions().heavy_step_s)
         fns, frame_stack = [case.make] * n_envs, case.frame_stack
         makers: dict[str, Callable[[], Any]] = {"base": lambda: base_cls(fns), "head": lambda: DaskVecEnv(fns)}
     else:
         threads = len(os.sched_getaffinity(0))
         fn = functools.partial(make_envpool, task, n_envs, 0, threads)
-        makers = {"base": lambda: base_cls.from_vector_envs([fn]), "head": lambda: DaskVecEnv.from_vector_envs([fn]),
-                  "alone": fn}  # fmt: skip
+        makers = {
+            "base": lambda: base_cls.from_vector_envs([fn]),
+            "head": lambda: DaskVecEnv.from_vector_envs([fn]),
+            "alone": fn,
+        }
     venvs: dict[str, Any] = {}
     try:  # one at a time: if one fails to build, those built before it are closed
         for which, make in makers.items():
@@ -148,8 +174,14 @@ def run(base: str, scenario: str, n_envs: int, rounds: int, seconds: float) -> d
                 if "alone" in got:
                     row["of_alone"] = {k: got[k] / got["alone"] for k in ("base", "head")}
                 rows.append(row)
-                logger.info("%s-%d round %d: %s env-steps/s, ratio %.3f", scenario, n_envs, r,
-                            ", ".join(f"{k} {v:.0f}" for k, v in got.items()), row["ratio"])  # fmt: skip
+                logger.info(
+                    "%s-%d round %d: %s env-steps/s, ratio %.3f",
+                    scenario,
+                    n_envs,
+                    r,
+                    ", ".join(f"{k} {v:.0f}" for k, v in got.items()),
+                    row["ratio"],
+                )
         finally:
             for venv in venvs.values():
                 venv.close()

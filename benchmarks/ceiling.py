@@ -8,7 +8,7 @@ machine gives Python envs stepped in parallel, shared caches, memory bandwidth a
 hypervisor included), and with DaskVecEnv on the embedded cluster under a few settings
 (:data:`VARIANTS`), in turns, ``rounds`` times, so that a shared machine's load weighs
 on all of them alike. For each DaskVecEnv run it splits a vec-step's wall time with the
-vec env's own :class:`~daskvec.metrics.ClientTimer` (the caller's time between steps;
+vec env's own :class:`~daskvec.monitoring.metrics.ClientTimer` (the caller's time between steps;
 the slowest group's time inside its envs; the rest of the wait: transport, the workers'
 decoding and encoding, the client's take-in of the replies) and counts the CPU each
 process used per vec-step (the client process with all its threads, which hold the
@@ -68,14 +68,13 @@ def _window(env: Any, actions: np.ndarray, start: int, seconds: float) -> tuple[
 
 def _measure_dummy(case: Case, actions: np.ndarray, seconds: float, warmup: float, seed: int) -> float:
     from daskvec.bench.measure import _measure_case
-    from daskvec.bench.scenarios import Options
+    from daskvec.bench.scenarios import BenchOptions
 
-    res = _measure_case("dummy", case, actions, Options(seconds=seconds, warmup=warmup, seed=seed))
+    res = _measure_case("dummy", case, actions, BenchOptions(seconds=seconds, warmup=warmup, seed=seed))
     return float(res["steps_per_s"])
 
 
-def _parallel_worker(case: Case, n_envs: int, seed: int, seconds: float, warmup: float, start: Any,
-                     out: Any) -> None:  # fmt: skip
+def _parallel_worker(case: Case, n_envs: int, seed: int, seconds: float, warmup: float, start: Any, out: Any) -> None:
     """One process of the parallel ceiling: a DummyVecEnv of ``n_envs``, timed from a common start."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -103,8 +102,11 @@ def _measure_parallel(case: Case, cores: int, seconds: float, warmup: float, see
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Barrier(cores), ctx.Queue()
     shares = [case.n_envs // cores + (1 if k < case.n_envs % cores else 0) for k in range(cores)]
-    procs = [ctx.Process(target=_parallel_worker, args=(case, n, seed + k, seconds, warmup, start, out), daemon=True)
-             for k, n in enumerate(shares) if n]  # fmt: skip
+    procs = [
+        ctx.Process(target=_parallel_worker, args=(case, n, seed + k, seconds, warmup, start, out), daemon=True)
+        for k, n in enumerate(shares)
+        if n
+    ]
     try:
         for p in procs:
             p.start()
@@ -117,12 +119,13 @@ def _measure_parallel(case: Case, cores: int, seconds: float, warmup: float, see
     return float(sum(rates))
 
 
-def _measure_dask(case: Case, actions: np.ndarray, settings: dict[str, Any], seconds: float, warmup: float,
-                  seed: int) -> dict[str, Any]:  # fmt: skip
+def _measure_dask(
+    case: Case, actions: np.ndarray, settings: dict[str, Any], seconds: float, warmup: float, seed: int
+) -> dict[str, Any]:
     """One DaskVecEnv run on the embedded cluster: rate, time split, CPU per vec-step."""
     from stable_baselines3.common.vec_env import VecFrameStack
 
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     kwargs = dict(settings)
     dask_env = DaskVecEnv([case.make] * case.n_envs, **kwargs)
@@ -139,9 +142,15 @@ def _measure_dask(case: Case, actions: np.ndarray, settings: dict[str, Any], sec
         n, elapsed = _window(env, actions, n_warm, seconds)
         cpu1 = _cpu_seconds(pids)
         steps = timer.vec_steps - before[3]
-        split = {name: (now - was) / max(steps, 1) * 1e3 for name, now, was in
-                 zip(("client_ms", "transit_ms", "env_ms"), (timer.client_s, timer.transit_s, timer.env_s),
-                     before, strict=False)}  # fmt: skip
+        split = {
+            name: (now - was) / max(steps, 1) * 1e3
+            for name, now, was in zip(
+                ("client_ms", "transit_ms", "env_ms"),
+                (timer.client_s, timer.transit_s, timer.env_s),
+                before,
+                strict=False,
+            )
+        }
         return {
             "steps_per_s": n * case.n_envs / elapsed,
             "vec_step_ms": elapsed / n * 1e3,
@@ -208,10 +217,15 @@ def run_ceiling(
     actions = action_cycle(probe.action_space, n_envs, _ACTION_CYCLE, seed)
     probe.close()
     cores = _usable_cores()
-    out: dict[str, Any] = {"machine": machine_info(), "cores": cores, "case": case.name,
-                           "settings": {"seconds": seconds, "warmup": warmup, "rounds": rounds, "seed": seed},
-                           "dummy_steps_per_s": [], "parallel_steps_per_s": [],
-                           "variants": {v: {"runs": []} for v in variants}}  # fmt: skip
+    out: dict[str, Any] = {
+        "machine": machine_info(),
+        "cores": cores,
+        "case": case.name,
+        "settings": {"seconds": seconds, "warmup": warmup, "rounds": rounds, "seed": seed},
+        "dummy_steps_per_s": [],
+        "parallel_steps_per_s": [],
+        "variants": {v: {"runs": []} for v in variants},
+    }
     for r in range(rounds):
         logger.info("ceiling %s: round %d/%d", case.name, r + 1, rounds)
         out["dummy_steps_per_s"].append(_measure_dummy(case, actions, seconds, warmup, seed))
@@ -238,8 +252,9 @@ def _summarise(out: dict[str, Any]) -> None:
             continue
         for key in ("steps_per_s", "vec_step_ms", "client_ms", "transit_ms", "env_ms", "client_cpu_ms"):
             entry[key] = statistics.median(x[key] for x in runs)
-        entry["worker_cpu_ms"] = [statistics.median(x["worker_cpu_ms"][k] for x in runs)
-                                  for k in range(len(runs[0]["worker_cpu_ms"]))]  # fmt: skip
+        entry["worker_cpu_ms"] = [
+            statistics.median(x["worker_cpu_ms"][k] for x in runs) for k in range(len(runs[0]["worker_cpu_ms"]))
+        ]
         entry["fraction_of_ideal"] = entry["steps_per_s"] / ideal
         entry["fraction_of_parallel"] = entry["steps_per_s"] / parallel
         entry["fraction_runs"] = [x["steps_per_s"] / ideal for x in runs]
@@ -270,7 +285,9 @@ def format_ceiling_table(res: dict[str, Any]) -> str:
             + ", ".join(f"{x:.2f}" for x in e["worker_cpu_ms"])
         )
     m = res["machine"]
-    lines.append(f"load average at start {m['load_average'][0]:.1f}, at the end {res['load_average_end'][0]:.1f} "
-                 f"({res['cores']} cores); per vec-step: 'env ms' the slowest group in its envs, 'transit' the "
-                 "rest of the wait, 'client' the caller between steps")  # fmt: skip
+    lines.append(
+        f"load average at start {m['load_average'][0]:.1f}, at the end {res['load_average_end'][0]:.1f} "
+        f"({res['cores']} cores); per vec-step: 'env ms' the slowest group in its envs, 'transit' the "
+        "rest of the wait, 'client' the caller between steps"
+    )
     return "\n".join(lines)

@@ -43,9 +43,16 @@ def _hosts(args: argparse.Namespace) -> int:
     from benchmarks.across import format_across_table, run_across_hosts
 
     try:
-        res = run_across_hosts(args.rtt, n_hosts=args.hosts, n_envs=(args.envs or [64])[0], seconds=args.seconds,
-                               n_steps=args.rollout_steps, repeat=max(args.repeat, 2), seed=args.seed,
-                               out_dir=args.out)  # fmt: skip
+        res = run_across_hosts(
+            args.rtt,
+            n_hosts=args.hosts,
+            n_envs=(args.envs or [64])[0],
+            seconds=args.seconds,
+            n_steps=args.rollout_steps,
+            repeat=max(args.repeat, 2),
+            seed=args.seed,
+            out_dir=args.out,
+        )
     except RuntimeError as e:
         print(f"daskvec bench: {e}", file=sys.stderr)
         return 2
@@ -62,8 +69,14 @@ def _ceiling(args: argparse.Namespace) -> None:
         if missing_packages(workload):
             print(f"ceiling {workload}: skipped, needs {', '.join(missing_packages(workload))}")
             continue
-        res = run_ceiling(workload, (args.envs or [default_envs])[0], seconds=max(args.seconds, 2.0),
-                          warmup=args.warmup, rounds=max(args.repeat, 3), seed=args.seed)  # fmt: skip
+        res = run_ceiling(
+            workload,
+            (args.envs or [default_envs])[0],
+            seconds=max(args.seconds, 2.0),
+            warmup=args.warmup,
+            rounds=max(args.repeat, 3),
+            seed=args.seed,
+        )
         out = Path(args.out) / f"ceiling-{workload}.json"
         out.write_text(json.dumps(res, indent=1, default=str))
         print(format_ceiling_table(res))
@@ -74,8 +87,7 @@ def run_tls(args: argparse.Namespace) -> int:
     """``daskvec bench --tls``: print the table, write ``tls.json`` in ``--out``."""
     from benchmarks.tls import format_tls_table, run_tls_benchmark
 
-    result = run_tls_benchmark(n_envs=(args.envs or [8])[0], seconds=args.seconds, warmup=args.warmup,
-                               seed=args.seed)  # fmt: skip
+    result = run_tls_benchmark(n_envs=(args.envs or [8])[0], seconds=args.seconds, warmup=args.warmup, seed=args.seed)
     print(format_tls_table(result))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "tls.json"

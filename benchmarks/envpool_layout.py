@@ -74,9 +74,13 @@ def run(task: str, rounds: int, seconds: float, cores: int | None = None) -> dic
             rows.append(row)
             logger.info(
                 "round %d: EnvPool alone %.0f; one group %.0f (%.2f); a group per core %.0f (%.2f) env-steps/s",
-                r, row["alone"], row["one_group"], row["one_group_of_alone"], row["group_per_core"],
+                r,
+                row["alone"],
+                row["one_group"],
+                row["one_group_of_alone"],
+                row["group_per_core"],
                 row["group_per_core_of_alone"],
-            )  # fmt: skip
+            )
     finally:
         one.close()
         split.close()
@@ -106,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     for task in args.task:
         result = run(task, args.rounds, args.seconds)
         logger.info(
-            "%s x%d, medians of EnvPool alone: one group %.2f, a group per core %.2f", task, result["envs"],
-            result["median_one_group_of_alone"], result["median_group_per_core_of_alone"],
-        )  # fmt: skip
+            "%s x%d, medians of EnvPool alone: one group %.2f, a group per core %.2f",
+            task,
+            result["envs"],
+            result["median_one_group_of_alone"],
+            result["median_group_per_core_of_alone"],
+        )
         results.append(result)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

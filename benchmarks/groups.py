@@ -44,7 +44,7 @@ def _client(scheduler: str | None) -> Iterator[Any]:
     """A client of ``scheduler``, or of an embedded cluster started for the whole scenario."""
     from distributed import Client
 
-    from daskvec.cluster import embedded_cluster
+    from daskvec.cluster.clients import embedded_cluster
 
     if scheduler is not None:
         with Client(scheduler, set_as_default=False) as c:
@@ -148,19 +148,31 @@ def measure_groups(
 def groups_cases(sizes: Sequence[int], opts: Any) -> Iterator[dict[str, Any]]:
     """One case per group count in ``sizes``, all on one cluster; yields each case when it is measured.
 
-    ``opts`` is the run's :class:`~daskvec.bench.scenarios.Options` (``seconds``,
+    ``opts`` is the run's :class:`~daskvec.bench.scenarios.BenchOptions` (``seconds``,
     ``steps``, ``warmup``, ``repeat``, ``seed``, ``scheduler``, ``transport``).
     """
     with _client(opts.scheduler) as client:
         for n in sizes:
-            case: dict[str, Any] = {"scenario": GROUPS_SCENARIO, "case": f"groups-{n}", "env": "CartPole-v1",
-                                    "n_envs": n, "n_groups": n, "results": {}}  # fmt: skip
+            case: dict[str, Any] = {
+                "scenario": GROUPS_SCENARIO,
+                "case": f"groups-{n}",
+                "env": "CartPole-v1",
+                "n_envs": n,
+                "n_groups": n,
+                "results": {},
+            }
             logger.info("bench groups-%d", n)
             try:
                 case["results"]["dask"] = measure_groups(
-                    client, n, seconds=opts.seconds, steps=opts.steps, warmup=opts.warmup, repeat=opts.repeat,
-                    seed=opts.seed, transport=opts.transport,
-                )  # fmt: skip
+                    client,
+                    n,
+                    seconds=opts.seconds,
+                    steps=opts.steps,
+                    warmup=opts.warmup,
+                    repeat=opts.repeat,
+                    seed=opts.seed,
+                    transport=opts.transport,
+                )
             except Exception as e:  # reported; the other group counts still run
                 logger.exception("bench: groups-%d failed", n)
                 case["results"]["dask"] = {"error": f"{type(e).__name__}: {e}"}

@@ -1,4 +1,4 @@
-"""Gymnasium scenarios of the benchmark (issue 16): the faces side by side, and stragglers.
+"""Gymnasium scenarios of the benchmark: the faces side by side, and stragglers.
 
 ``gym-faces``
     CartPole-v1 stepped through Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv`` and
@@ -83,7 +83,7 @@ def _gym_vec(kind: str, fns: list[Callable[[], Any]], client: Any) -> Any:
         return gym.vector.SyncVectorEnv(fns)
     if kind == "gym_async":
         return gym.vector.AsyncVectorEnv(fns)
-    from daskvec.vector_env import DaskVectorEnv
+    from daskvec.gymnasium.vector_env import DaskVectorEnv
 
     return DaskVectorEnv(fns, client)
 
@@ -120,8 +120,13 @@ def gym_faces_case(
     fns: list[Callable[[], Any]] = [functools.partial(gym.make, "CartPole-v1")] * n_envs
     actions = action_cycle(gym.spaces.Discrete(2), n_envs, 1024, seed)
     opts = {"seconds": seconds, "warmup": warmup, "seed": seed, "client": client}
-    case: dict[str, Any] = {"scenario": "gym-faces", "case": f"gym-faces-{n_envs}", "env": "CartPole-v1",
-                            "n_envs": n_envs, "results": {}}  # fmt: skip
+    case: dict[str, Any] = {
+        "scenario": "gym-faces",
+        "case": f"gym-faces-{n_envs}",
+        "env": "CartPole-v1",
+        "n_envs": n_envs,
+        "results": {},
+    }
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in GYM_LABELS if kind.startswith("gym_")}
     for r in range(repeat):
         for kind, done in runs.items():
@@ -168,7 +173,7 @@ def straggler_case(
     slow_factor: float = 4.0,
 ) -> dict[str, Any]:
     """One DaskVectorEnv, one slow group: synchronous ``step()`` against ``send``/``recv``."""
-    from daskvec.vector_env import DaskVectorEnv
+    from daskvec.gymnasium.vector_env import DaskVectorEnv
 
     n = groups * envs_per_group
     costs = [step_s * (slow_factor if i < envs_per_group else 1.0) for i in range(n)]
@@ -176,10 +181,13 @@ def straggler_case(
     group_s = [sum(costs[g * envs_per_group : (g + 1) * envs_per_group]) for g in range(groups)]
     ideal_sync, ideal_recv = straggler_ideal(group_s, [envs_per_group] * groups)
     case: dict[str, Any] = {
-        "scenario": "straggler", "case": f"straggler-{n}", "n_envs": n,
+        "scenario": "straggler",
+        "case": f"straggler-{n}",
+        "n_envs": n,
         "env": f"SleepEnv: {groups} groups of {envs_per_group}, {step_s * 1e3:g} ms/step, one group x{slow_factor:g}",
-        "ideal": {"sync_step": ideal_sync, "recv": ideal_recv}, "results": {},
-    }  # fmt: skip
+        "ideal": {"sync_step": ideal_sync, "recv": ideal_recv},
+        "results": {},
+    }
     rng = np.random.default_rng(seed)
     actions = rng.integers(0, 2, size=(256, n))
     envs = DaskVectorEnv(fns, client, batch_size=envs_per_group, envs_per_actor=envs_per_group)

@@ -68,8 +68,12 @@ def missing_requirements() -> str | None:
         return "emulated hosts need Linux network namespaces"
     if os.geteuid() != 0:
         return "emulated hosts need root (network namespaces, veth, iptables)"
-    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("iptables", "iptables"),
-                          ("hostname", "hostname")):  # fmt: skip
+    for tool, package in (
+        ("ip", "iproute2"),
+        ("unshare", "util-linux"),
+        ("iptables", "iptables"),
+        ("hostname", "hostname"),
+    ):
         if shutil.which(tool) is None:
             return f"emulated hosts need `{tool}` (Debian package {package})"
     probe = f"dvprobe{os.getpid()}"
@@ -311,14 +315,39 @@ class EmulatedHosts:
 
     def _start_relay(self, host: Host) -> None:
         host.relay_log = self.workdir / f"relay-{host.name}.log"
-        cmd = ["ip", "netns", "exec", host.name, sys.executable, str(RELAY), "relay",
-               "--rtt-ms", str(host.rtt_ms), "--log", str(host.relay_log)]  # fmt: skip
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            host.name,
+            sys.executable,
+            str(RELAY),
+            "relay",
+            "--rtt-ms",
+            str(host.rtt_ms),
+            "--log",
+            str(host.relay_log),
+        ]
         host.relay = self._popen(cmd, stdout=subprocess.PIPE, text=True)
         host.processes.append(host.relay)
         host.relay_port = _read_port(host.relay, f"the relay of {host.name}")
         # before anything listens in this host: rules added under live connections break them
-        _in_ns(host.name, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", IFACE, "-p", "tcp",
-               "-j", "REDIRECT", "--to-ports", str(host.relay_port))  # fmt: skip
+        _in_ns(
+            host.name,
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-i",
+            IFACE,
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            str(host.relay_port),
+        )
 
     # ------------------------------------------------------------------ dask
     def _tls_args(self, role: str) -> list[str]:
@@ -328,16 +357,21 @@ class EmulatedHosts:
             from distributed.security import Security
 
             temp = Security.temporary()
-            for key, pem in (("ca", temp.tls_ca_file), ("cert", temp.tls_scheduler_cert),
-                             ("key", temp.tls_scheduler_key)):  # fmt: skip
+            for key, pem in (
+                ("ca", temp.tls_ca_file),
+                ("cert", temp.tls_scheduler_cert),
+                ("key", temp.tls_scheduler_key),
+            ):
                 path = self.workdir / f"tls-{key}.pem"
                 path.write_text(pem)
                 path.chmod(0o600)
                 self._files[key] = str(path)
             self.security = Security(
-                tls_ca_file=self._files["ca"], tls_client_cert=self._files["cert"],
-                tls_client_key=self._files["key"], require_encryption=True,
-            )  # fmt: skip
+                tls_ca_file=self._files["ca"],
+                tls_client_cert=self._files["cert"],
+                tls_client_key=self._files["key"],
+                require_encryption=True,
+            )
         args = ["--tls-ca-file", self._files["ca"], "--tls-cert", self._files["cert"], "--tls-key", self._files["key"]]
         return ["--protocol", "tls", *args] if role == "scheduler" else args
 
@@ -347,8 +381,19 @@ class EmulatedHosts:
 
     def _start_scheduler(self) -> None:
         scheduler_file = self.workdir / f"scheduler-{self.tag}.json"
-        cmd = [*self._dask(), "scheduler", "--host", self.gateway, "--port", "0", "--no-dashboard",
-               "--scheduler-file", str(scheduler_file), *self._tls_args("scheduler"), *self.scheduler_args]  # fmt: skip
+        cmd = [
+            *self._dask(),
+            "scheduler",
+            "--host",
+            self.gateway,
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+            *self._tls_args("scheduler"),
+            *self.scheduler_args,
+        ]
         log = open(self.workdir / "scheduler.log", "wb")  # noqa: SIM115 (the child keeps it)
         self.scheduler = self._popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -365,9 +410,23 @@ class EmulatedHosts:
     def start_worker(self, host: Host) -> subprocess.Popen[bytes]:
         """Start the ``dask worker`` of ``host`` (its host name set by ``unshare --uts``)."""
         proto = "tls" if self.tls else "tcp"
-        worker = [*self._dask(), "worker", self.address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                  "--protocol", proto, "--host", host.address, "--name", host.name,
-                  *self._tls_args("worker"), *self.worker_args]  # fmt: skip
+        worker = [
+            *self._dask(),
+            "worker",
+            self.address,
+            "--nthreads",
+            "1",
+            "--no-nanny",
+            "--no-dashboard",
+            "--protocol",
+            proto,
+            "--host",
+            host.address,
+            "--name",
+            host.name,
+            *self._tls_args("worker"),
+            *self.worker_args,
+        ]
         script = 'hostname "$0" && exec "$@"'
         cmd = ["ip", "netns", "exec", host.name, "unshare", "--uts", "sh", "-c", script, host.name, *worker]
         log = open(self.workdir / f"worker-{host.name}.log", "ab")  # noqa: SIM115 (the child keeps it)
@@ -430,8 +489,10 @@ class EmulatedHosts:
             while len(self.scheduler_workers(c)) != n:
                 dead = [h.name for h in self.hosts if h.worker is not None and h.worker.poll() is not None]
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the scheduler does not list {n} workers after {timeout:.0f}s "
-                                       f"(exited: {dead}; logs in {self.workdir})")  # fmt: skip
+                    raise TimeoutError(
+                        f"the scheduler does not list {n} workers after {timeout:.0f}s "
+                        f"(exited: {dead}; logs in {self.workdir})"
+                    )
                 time.sleep(0.1)
 
     def worker_address(self, host: Host) -> str:
@@ -474,8 +535,9 @@ class EmulatedHosts:
         client's (the bridge's) when the connection was direct, the host's own when its
         relay carried it. Then everything is echoed back.
         """
-        p = self._popen(["ip", "netns", "exec", host.name, sys.executable, str(RELAY), "echo"],
-                        stdout=subprocess.PIPE, text=True)  # fmt: skip
+        p = self._popen(
+            ["ip", "netns", "exec", host.name, sys.executable, str(RELAY), "echo"], stdout=subprocess.PIPE, text=True
+        )
         return p, _read_port(p, f"the echo server in {host.name}")
 
     def echo_rtt(self, host: Host, rounds: int = 1000, size: int = 64) -> tuple[float, str]:

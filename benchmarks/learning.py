@@ -2,7 +2,7 @@
 
 ``daskvec bench --scenario learning`` (or :func:`run_learning_check`) trains PPO on
 CartPole-v1 with 8 envs for 50,000 timesteps, for seeds 0, 1 and 2, twice per seed:
-SB3's ``PPO`` on ``DummyVecEnv`` and :class:`~daskvec.sb3.DaskPPO` on a
+SB3's ``PPO`` on ``DummyVecEnv`` and :class:`~daskvec.learners.on_policy.DaskPPO` on a
 :class:`~daskvec.DaskVecEnv` (rollouts collected on the workers). Each model is
 evaluated deterministically on a seeded CartPole for 20 episodes. The check passes when
 DaskPPO's mean evaluated reward (over the seeds) lies within the spread of PPO's
@@ -33,8 +33,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["ZOO_CARTPOLE", "format_learning_table", "run_learning_check"]
 
 #: RL Zoo's PPO hyperparameters for CartPole-v1 (schedules made constant).
-ZOO_CARTPOLE: dict[str, Any] = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
-                                "ent_coef": 0.0, "learning_rate": 1e-3, "clip_range": 0.2}  # fmt: skip
+ZOO_CARTPOLE: dict[str, Any] = {
+    "n_steps": 32,
+    "batch_size": 256,
+    "gae_lambda": 0.8,
+    "gamma": 0.98,
+    "n_epochs": 20,
+    "ent_coef": 0.0,
+    "learning_rate": 1e-3,
+    "clip_range": 0.2,
+}
 
 cartpole = functools.partial(gym.make, "CartPole-v1")
 
@@ -46,8 +54,9 @@ def _evaluate(model: Any, episodes: int, seed: int) -> float:
     env = Monitor(gym.make("CartPole-v1"))
     env.reset(seed=seed)
     try:
-        rewards, _ = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=True,
-                                     return_episode_rewards=True)  # fmt: skip
+        rewards, _ = evaluate_policy(
+            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+        )
     finally:
         env.close()
     return float(np.mean(rewards))
@@ -59,15 +68,20 @@ def _train(kind: str, seed: int, n_envs: int, timesteps: int, episodes: int, cli
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from daskvec.sb3 import DaskPPO
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     t0 = time.perf_counter()
     if kind == "ppo":
         env = make_vec_env(cartpole, n_envs=n_envs, seed=seed, vec_env_cls=DummyVecEnv)
         cls: Any = PPO
     else:
-        env = make_vec_env(cartpole, n_envs=n_envs, seed=seed, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                           vec_env_kwargs={"client": client})  # fmt: skip
+        env = make_vec_env(
+            cartpole,
+            n_envs=n_envs,
+            seed=seed,
+            vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+            vec_env_kwargs={"client": client},
+        )
         cls = DaskPPO
     try:
         model = cls("MlpPolicy", env, seed=seed, device="cpu", **ZOO_CARTPOLE)
@@ -115,7 +129,7 @@ def run_learning_check(
     from dask import config as dask_config
 
     cluster = None
-    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec.pool)
+    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec._core.pool)
         with dask_config.set({"distributed.worker.profile.enabled": False}):
             cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", silence_logs=40)
     try:
@@ -129,8 +143,13 @@ def run_learning_check(
     summary = {}
     for kind, rows in runs.items():
         r = np.array([row["mean_reward"] for row in rows])
-        summary[kind] = {"mean": float(r.mean()), "std": float(r.std()), "min": float(r.min()), "max": float(r.max()),
-                         "wall_s": float(np.mean([row["wall_s"] for row in rows]))}  # fmt: skip
+        summary[kind] = {
+            "mean": float(r.mean()),
+            "std": float(r.std()),
+            "min": float(r.min()),
+            "max": float(r.max()),
+            "wall_s": float(np.mean([row["wall_s"] for row in rows])),
+        }
     ppo, dask = summary["ppo"], summary["daskppo"]
     results = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -159,12 +178,16 @@ def run_learning_check(
 def format_learning_table(results: dict[str, Any]) -> str:
     """The learning check as a plain-text table."""
     s = results["settings"]
-    lines = [f"PPO on CartPole-v1, {s['n_envs']} envs, {s['timesteps']} timesteps, seeds {s['seeds']}, "
-             f"mean of {s['eval_episodes']} deterministic evaluation episodes"]  # fmt: skip
+    lines = [
+        f"PPO on CartPole-v1, {s['n_envs']} envs, {s['timesteps']} timesteps, seeds {s['seeds']}, "
+        f"mean of {s['eval_episodes']} deterministic evaluation episodes"
+    ]
     for kind, label in (("ppo", "PPO + DummyVecEnv"), ("daskppo", "DaskPPO + DaskVecEnv")):
         per_seed = ", ".join(f"{r['mean_reward']:.1f}" for r in results["runs"][kind])
         m = results["summary"][kind]
         lines.append(f"{label:<22} {per_seed:<24} mean {m['mean']:.1f} +- {m['std']:.1f}  ({m['wall_s']:.0f} s/run)")
-    lines.append(f"DaskPPO's mean within PPO's per-seed spread: {'yes' if results['within_spread'] else 'no'}"
-                 f"; at least PPO's worst seed: {'yes' if results['not_below'] else 'NO'}")  # fmt: skip
+    lines.append(
+        f"DaskPPO's mean within PPO's per-seed spread: {'yes' if results['within_spread'] else 'no'}"
+        f"; at least PPO's worst seed: {'yes' if results['not_below'] else 'NO'}"
+    )
     return "\n".join(lines)

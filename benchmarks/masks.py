@@ -1,4 +1,4 @@
-"""MaskablePPO on DaskVecEnv with and without the action-mask cache (issue 14, part 6).
+"""MaskablePPO on DaskVecEnv with and without the action-mask cache.
 
 sb3-contrib's ``MaskablePPO`` calls ``env_method("action_masks")`` before every step.
 With ``cache_action_masks=True`` (the default) the masks travel with the step replies
@@ -113,7 +113,7 @@ def measure(
     """
     from sb3_contrib import MaskablePPO
 
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     env = DaskVecEnv([MaskedCycleEnv] * n_envs, client=client, cache_action_masks=cache, **vec_env_kwargs)
     try:
@@ -145,7 +145,7 @@ def run(
     import torch
     from distributed import Client
 
-    from daskvec.cluster import embedded_cluster
+    from daskvec.cluster.clients import embedded_cluster
 
     torch.set_num_threads(1)
     cluster = embedded_cluster() if scheduler is None else None

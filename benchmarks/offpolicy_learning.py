@@ -38,14 +38,31 @@ __all__ = ["OFF_POLICY_TASKS", "format_offpolicy_table", "run_offpolicy_learning
 
 #: Per task: the env, envs, timesteps and hyperparameters (RL Zoo's, adapted to 4 envs).
 OFF_POLICY_TASKS: dict[str, dict[str, Any]] = {
-    "sac": {"env": "Pendulum-v1", "n_envs": 4, "timesteps": 20_000,
-            "hyperparameters": {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 32}},
-    "dqn": {"env": "CartPole-v1", "n_envs": 4, "timesteps": 50_000,
-            "hyperparameters": {"learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000,
-                                "learning_starts": 1000, "gamma": 0.99, "target_update_interval": 10,
-                                "train_freq": (64, "step"), "gradient_steps": 128, "exploration_fraction": 0.16,
-                                "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]}}},
-}  # fmt: skip
+    "sac": {
+        "env": "Pendulum-v1",
+        "n_envs": 4,
+        "timesteps": 20_000,
+        "hyperparameters": {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 32},
+    },
+    "dqn": {
+        "env": "CartPole-v1",
+        "n_envs": 4,
+        "timesteps": 50_000,
+        "hyperparameters": {
+            "learning_rate": 2.3e-3,
+            "batch_size": 64,
+            "buffer_size": 100_000,
+            "learning_starts": 1000,
+            "gamma": 0.99,
+            "target_update_interval": 10,
+            "train_freq": (64, "step"),
+            "gradient_steps": 128,
+            "exploration_fraction": 0.16,
+            "exploration_final_eps": 0.04,
+            "policy_kwargs": {"net_arch": [256, 256]},
+        },
+    },
+}
 
 
 def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
@@ -55,8 +72,9 @@ def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
     env = Monitor(gym.make(env_id))
     env.reset(seed=seed)
     try:
-        rewards, _ = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=True,
-                                     return_episode_rewards=True)  # fmt: skip
+        rewards, _ = evaluate_policy(
+            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+        )
     finally:
         env.close()
     return float(np.mean(rewards))
@@ -68,13 +86,18 @@ def _train(task: str, dask: bool, seed: int, episodes: int, client: Any) -> dict
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from daskvec.sb3 import DaskDQN, DaskSAC
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     spec = OFF_POLICY_TASKS[task]
     t0 = time.perf_counter()
     if dask:
-        env = make_vec_env(spec["env"], n_envs=spec["n_envs"], seed=seed, vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
-                           vec_env_kwargs={"client": client})  # fmt: skip
+        env = make_vec_env(
+            spec["env"],
+            n_envs=spec["n_envs"],
+            seed=seed,
+            vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+            vec_env_kwargs={"client": client},
+        )
         cls: Any = {"sac": DaskSAC, "dqn": DaskDQN}[task]
     else:
         env = make_vec_env(spec["env"], n_envs=spec["n_envs"], seed=seed, vec_env_cls=DummyVecEnv)
@@ -87,8 +110,9 @@ def _train(task: str, dask: bool, seed: int, episodes: int, client: Any) -> dict
         env.close()
     wall = time.perf_counter() - t0
     reward = _evaluate(model, spec["env"], episodes, seed=10_000 + seed)
-    logger.info("off-policy learning check: %s%s seed %d: %.1f in %.0fs", "dask" if dask else "", task, seed,
-                reward, wall)  # fmt: skip
+    logger.info(
+        "off-policy learning check: %s%s seed %d: %.1f in %.0fs", "dask" if dask else "", task, seed, reward, wall
+    )
     return {"seed": seed, "mean_reward": reward, "wall_s": wall}
 
 
@@ -138,7 +162,7 @@ def run_offpolicy_learning_check(
 
     started = time.perf_counter()
     cluster = None
-    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec.pool)
+    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec._core.pool)
         with dask_config.set({"distributed.worker.profile.enabled": False}):
             cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", silence_logs=40)
     out: dict[str, Any] = {}
@@ -183,7 +207,8 @@ def format_offpolicy_table(results: dict[str, Any]) -> str:
         for kind, label in (("sb3", f"{task.upper()} + DummyVecEnv"), ("dask", f"Dask{task.upper()} + DaskVecEnv")):
             per_seed = ", ".join(f"{r['mean_reward']:.1f}" for r in res["runs"][kind])
             m = res["summary"][kind]
-            lines.append(f"  {label:<24} {per_seed:<28} mean {m['mean']:.1f} +- {m['std']:.1f}  "
-                         f"({m['wall_s']:.0f} s/run)")  # fmt: skip
+            lines.append(
+                f"  {label:<24} {per_seed:<28} mean {m['mean']:.1f} +- {m['std']:.1f}  ({m['wall_s']:.0f} s/run)"
+            )
         lines.append(f"  within SB3's per-seed spread: {'yes' if res['within_spread'] else 'no'}")
     return "\n".join(lines)

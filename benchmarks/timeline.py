@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 def _hook_worker() -> None:
     """On a worker: record ``(kind, perf_counter)`` stamps of the serving loop and the envs' end."""
-    from daskvec import metrics
+    from daskvec.monitoring import metrics
     from daskvec.transport import server
 
     stamps: list[tuple[str, float]] = []
@@ -62,7 +62,7 @@ def _hook_worker() -> None:
 
 def _unhook_worker() -> None:
     """On a worker: put back what :func:`_hook_worker` wrapped, and drop its stamps."""
-    from daskvec import metrics
+    from daskvec.monitoring import metrics
     from daskvec.transport import server
 
     for module, name in ((server, "decode"), (server, "send_frames"), (metrics.GroupStats, "record_step")):
@@ -119,11 +119,14 @@ Step = tuple[float, float, list[float], list[float]]
 def split(steps: list[Step], workers: list[list[tuple[str, float]]]) -> dict[str, list[float]]:
     """Per vec-step parts in microseconds, from the client's and workers' stamps (steps missing a stamp are skipped)."""
     parts: dict[str, list[float]] = {
-        "client sends (all groups)": [], "last send -> last group has read its request": [],
-        "read -> envs done (slowest group)": [], "envs done -> reply send starts (slowest)": [],
-        "reply send starts -> client has decoded it (last group)": [], "client after the last reply": [],
+        "client sends (all groups)": [],
+        "last send -> last group has read its request": [],
+        "read -> envs done (slowest group)": [],
+        "envs done -> reply send starts (slowest)": [],
+        "reply send starts -> client has decoded it (last group)": [],
+        "client after the last reply": [],
         "vec-step": [],
-    }  # fmt: skip
+    }
     envs = [[t for k, t in w if k == "env_seconds"] for w in workers]
     for start, end, sent, decoded in steps:
         if len(sent) != len(workers) or len(decoded) != len(workers):
@@ -193,8 +196,13 @@ def run(env_id: str, n_envs: int, seconds: float, seed: int) -> dict[str, Any]:
         )
     parts = split(steps, workers)
     medians = {k: float(np.median(v)) if v else None for k, v in parts.items() if not k.startswith("env seconds")}
-    return {"env": env_id, "n_envs": n_envs, "vec_steps": len(steps), "median_us": medians,
-            "env_us_per_group": parts["env seconds per group (median of each)"]}  # fmt: skip
+    return {
+        "env": env_id,
+        "n_envs": n_envs,
+        "vec_steps": len(steps),
+        "median_us": medians,
+        "env_us_per_group": parts["env seconds per group (median of each)"],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

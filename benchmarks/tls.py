@@ -36,7 +36,7 @@ KINDS = ("encrypted", "actor", "plaintext", "plaintext-tcp")
 def _cluster(tls: bool, n_workers: int = 2) -> Iterator[Any]:
     from distributed import Client
 
-    from daskvec.cluster import embedded_cluster
+    from daskvec.cluster.clients import embedded_cluster
 
     kwargs: dict[str, Any] = {"n_workers": n_workers, "dashboard_address": ":0"}
     if tls:
@@ -56,7 +56,9 @@ def _open(client: Any, transport: str, n_envs: int, seed: int, elsewhere: bool) 
     fns = [lambda: gym.make("CartPole-v1")] * n_envs
     # another host's client is not offered the Unix socket: it uses TCP
     patch = (
-        mock.patch("daskvec.pool.machine_id", return_value="another-host") if elsewhere else contextlib.nullcontext()
+        mock.patch("daskvec._core.pool.machine_id", return_value="another-host")
+        if elsewhere
+        else contextlib.nullcontext()
     )
     with patch:
         env = DaskVecEnv(fns, client=client, transport=transport, timeout=120)

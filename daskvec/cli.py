@@ -14,7 +14,7 @@
     Benchmarks (see :mod:`daskvec.bench`).
 
 ``daskvec zoo [daskvec options] ZOO_ARGS...``
-    rl_zoo3's ``train`` with its envs in DaskVecEnvs (see :mod:`daskvec.zoo`): every
+    rl_zoo3's ``train`` with its envs in DaskVecEnvs (see :mod:`daskvec.learners.zoo`): every
     argument that is not one of daskvec's goes to the zoo.
 
 Examples
@@ -332,11 +332,11 @@ def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[
 
     SB3's progress bar needs a terminal (and rich and tqdm); with the output going to a
     file or a pipe, progress lines are printed instead (:class:`_ProgressLines`).
-    :class:`~daskvec.sb3_logger.DaskVecEnvMetrics` records the vec env's figures in SB3's logger.
+    :class:`~daskvec.monitoring.sb3_logger.DaskVecEnvMetrics` records the vec env's figures in SB3's logger.
     """
     from stable_baselines3.common.callbacks import ConvertCallback
 
-    from daskvec.sb3_logger import DaskVecEnvMetrics
+    from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 
     model = _algo_class(args.algo)(
         _policy_for(env.observation_space),
@@ -413,7 +413,7 @@ def train(args: argparse.Namespace) -> int:
     import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
 
-    from daskvec.vec_env import DaskVecEnv
+    from daskvec.sb3.vec_env import DaskVecEnv
 
     if args.tensorboard_log and not _has_tensorboard():
         print("daskvec train: --tensorboard-log needs tensorboard: pip install tensorboard", file=sys.stderr)
@@ -448,8 +448,11 @@ def train(args: argparse.Namespace) -> int:
             model, callbacks, bar = _model_and_callbacks(args, env)
         except (TypeError, ValueError, AssertionError) as e:  # SB3 checks spaces with assert
             given = " ".join(f"{k}={v!r}" for k, v in args.hyperparams) or "none"
-            print(f"daskvec train: cannot create {args.algo.upper()} for {args.env_id} (--hyperparams: {given}): "
-                  f"{type(e).__name__}: {e}", file=sys.stderr)  # fmt: skip
+            print(
+                f"daskvec train: cannot create {args.algo.upper()} for {args.env_id} (--hyperparams: {given}): "
+                f"{type(e).__name__}: {e}",
+                file=sys.stderr,
+            )
             return 1
         before = _Stepping.of(env)
         start = time.perf_counter()
@@ -479,7 +482,7 @@ def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
         or the cluster refused them.
     """
     try:
-        from daskvec.zoo import train_zoo
+        from daskvec.learners.zoo import train_zoo
     except ImportError as e:
         print(f'daskvec zoo needs rl_zoo3 ({e}): pip install "daskvec[zoo]"', file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ A keyword argument of :class:`~daskvec.DaskVecEnv` wins over all of them; a keyw
 left at ``None`` reads the config (see docs/configuration.md).
 
 Who reads what: the client reads every key when a vec env is created
-(:meth:`daskvec.options.Options.create`), except ``busy-poll``, which is a worker's
+(:meth:`daskvec._core.options.Options.create`), except ``busy-poll``, which is a worker's
 CPU budget: each worker reads it from its own config when it builds an env group
 (:func:`worker_busy_poll`), unless the vec env was given ``busy_poll=``; and
 ``shared-memory``, which each worker reads from its own config

@@ -449,10 +449,18 @@ def cluster_for_envs(
     """
     keep_ctrl_c()
     _refuse_planned_kwargs(cluster_kwargs)
-    system, plan = _plan_for(cluster_cls, n_envs, cluster_kwargs, envs_per_worker=envs_per_worker,
-                             processes_per_job=processes_per_job, threads_per_process=threads_per_process,
-                             memory_per_worker=memory_per_worker, lifetime_margin=lifetime_margin,
-                             lifetime_stagger=lifetime_stagger, resource=resource)  # fmt: skip
+    system, plan = _plan_for(
+        cluster_cls,
+        n_envs,
+        cluster_kwargs,
+        envs_per_worker=envs_per_worker,
+        processes_per_job=processes_per_job,
+        threads_per_process=threads_per_process,
+        memory_per_worker=memory_per_worker,
+        lifetime_margin=lifetime_margin,
+        lifetime_stagger=lifetime_stagger,
+        resource=resource,
+    )
     if scaling not in _SCALINGS:
         raise ValueError(f"scaling must be one of {_SCALINGS}, not {scaling!r}")
     kwargs = _cluster_kwargs(plan, system, cluster_kwargs)
@@ -537,7 +545,7 @@ def _start_scaled(
 
     Its scheduler, which runs in this process, serves the daskvec dashboard page.
     """
-    from daskvec.cluster import install_dashboard_page
+    from daskvec.cluster.clients import install_dashboard_page
 
     install_dashboard_page()
     cluster = cluster_cls(**kwargs)

@@ -233,3 +233,58 @@ def dask_processes(tmp_path: Path) -> Iterator[object]:
 def have_chromium() -> bool:
     """Whether Debian's chromium is installed."""
     return shutil.which("chromium") is not None
+
+
+#: Fixtures that start processes: a test using any of them (directly or through another
+#: fixture) is marked ``processes``.
+PROCESS_FIXTURES = frozenset({"cluster2", "dclient", "client2", "dask_processes"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with what it needs, so that ``-m "not processes"`` is the fast loop.
+
+    A test needs ``processes`` when it uses a fixture that starts them, or when its module
+    or itself says so (``pytestmark = pytest.mark.processes``: it starts a cluster, a
+    ``dask`` command or a script itself). ``browser``, ``slurm`` and ``hosts`` imply it.
+    """
+    for item in items:
+        needs = {m.name for m in item.iter_markers()}
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or needs & {"browser", "slurm", "hosts"}:
+            item.add_marker(pytest.mark.processes)
+
+
+if os.environ.get("DASKVEC_CHECK_MARKERS") == "1":
+    import threading
+
+    import psutil
+
+    @pytest.fixture(autouse=True)
+    def _no_child_process_unmarked(request: pytest.FixtureRequest) -> Iterator[None]:
+        """Checks the markers themselves: a test not marked ``processes`` starts no process.
+
+        Run the fast loop with ``DASKVEC_CHECK_MARKERS=1`` after adding tests: a child of
+        the test process seen while an unmarked test runs fails it, naming the process.
+        """
+        if request.node.get_closest_marker("processes") is not None:
+            yield
+            return
+        me = psutil.Process()
+        before = {p.pid for p in me.children(recursive=True)}
+        seen: list[str] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(0.02):
+                try:
+                    for p in me.children(recursive=True):
+                        if p.pid not in before:
+                            seen.append(" ".join(p.cmdline()[:4]))
+                except psutil.Error:
+                    continue
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        yield
+        stop.set()
+        t.join()
+        assert not seen, f"an unmarked test started processes (mark it processes): {sorted(set(seen))[:3]}"

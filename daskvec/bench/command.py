@@ -13,7 +13,7 @@ from typing import Any
 from daskvec.bench import source
 from daskvec.bench.driver import run_benchmark
 from daskvec.bench.report import format_table
-from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS, Options
+from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS, BenchOptions
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -59,42 +59,114 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--steps",), {"type": int, "default": None, "help": "fixed vec-steps per timed window instead of --seconds"}),
     (("--warmup",), {"type": float, "default": 0.5, "help": "seconds of warm-up before timing (default 0.5)"}),
     (("--repeat",), {"type": int, "default": 1, "help": "independent runs per vec env; medians are reported"}),
-    (("--settle",), {"type": float, "default": 20.0, "metavar": "SECONDS", "help": "before each vec env, wait up "
-                     "to this long for the CPU to be idle (processes of the one before exiting; default 20, 0: no)"}),
+    (
+        ("--settle",),
+        {
+            "type": float,
+            "default": 20.0,
+            "metavar": "SECONDS",
+            "help": "before each vec env, wait up "
+            "to this long for the CPU to be idle (processes of the one before exiting; default 20, 0: no)",
+        },
+    ),
     (("--seed",), {"type": int, "default": 0, "help": "seed of envs, actions and PPO (default 0)"}),
-    (("--scheduler",), {"default": None, "metavar": "ADDRESS",
-                        "help": "Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)"}),
-    (("--transport",), {"default": "auto", "choices": ["auto", "direct", "actor"],
-                        "help": "DaskVecEnv transport (default auto)"}),
-    (("--env-process",), {"action": "store_true",
-                          "help": "DaskVecEnv(env_process=True): envs in a process of their own beside each worker"}),
-    (("--subproc-start-method",), {"default": None, "choices": _STARTS,
-                                   "help": "SubprocVecEnv start method (default: its own, forkserver on Linux)"}),
-    (("--async-context",), {"default": None, "choices": _STARTS,
-                            "help": "AsyncVectorEnv multiprocessing context (default: its own)"}),
-    (("--timesteps",), {"type": int, "default": 25_000, "dest": "training_timesteps", "metavar": "TIMESTEPS",
-                        "help": "PPO timesteps of the training scenario"}),
+    (
+        ("--scheduler",),
+        {
+            "default": None,
+            "metavar": "ADDRESS",
+            "help": "Dask scheduler address for DaskVecEnv (default: embedded LocalCluster)",
+        },
+    ),
+    (
+        ("--transport",),
+        {"default": "auto", "choices": ["auto", "direct", "actor"], "help": "DaskVecEnv transport (default auto)"},
+    ),
+    (
+        ("--env-process",),
+        {
+            "action": "store_true",
+            "help": "DaskVecEnv(env_process=True): envs in a process of their own beside each worker",
+        },
+    ),
+    (
+        ("--subproc-start-method",),
+        {
+            "default": None,
+            "choices": _STARTS,
+            "help": "SubprocVecEnv start method (default: its own, forkserver on Linux)",
+        },
+    ),
+    (
+        ("--async-context",),
+        {"default": None, "choices": _STARTS, "help": "AsyncVectorEnv multiprocessing context (default: its own)"},
+    ),
+    (
+        ("--timesteps",),
+        {
+            "type": int,
+            "default": 25_000,
+            "dest": "training_timesteps",
+            "metavar": "TIMESTEPS",
+            "help": "PPO timesteps of the training scenario",
+        },
+    ),
     (("--eval-episodes",), {"type": int, "default": 10, "help": "evaluation episodes after training"}),
-    (("--contention-timesteps",), {"type": int, "default": 8192,
-                                   "help": "PPO timesteps of the contention scenario (default 8192)"}),
-    (("--out",), {"default": "bench-results", "metavar": "DIR",
-                  "help": "directory for the JSON and PNG results (default bench-results)"}),
+    (
+        ("--contention-timesteps",),
+        {"type": int, "default": 8192, "help": "PPO timesteps of the contention scenario (default 8192)"},
+    ),
+    (
+        ("--out",),
+        {
+            "default": "bench-results",
+            "metavar": "DIR",
+            "help": "directory for the JSON and PNG results (default bench-results)",
+        },
+    ),
     (("--no-plot",), {"action": "store_true", "help": "skip the PNG chart"}),
     (("-v", "--verbose"), {"action": "store_true", "help": "keep Dask's and daskvec's INFO log lines"}),
     # the benchmarks of the source repository (benchmarks/): run from a checkout only
-    (("--dashboard",), {"action": "store_true",
-                        "help": "also measure DaskVecEnv with the daskvec dashboard page open vs closed (checkout)"}),
+    (
+        ("--dashboard",),
+        {
+            "action": "store_true",
+            "help": "also measure DaskVecEnv with the daskvec dashboard page open vs closed (checkout)",
+        },
+    ),
     (("--dashboard-route",), {"default": None, "help": "route of the page if it cannot be discovered"}),
-    (("--tls",), {"action": "store_true", "help": "instead of the scenarios: the encrypted direct channel vs actor "
-                  "calls on a TLS cluster vs the plaintext direct channel (CartPole, --envs, default 8; checkout)"}),
-    (("--rtt",), {"type": _number_list(float, "0,2,10", 0), "default": [0.0, 2.0, 10.0], "metavar": "MS[,MS...]",
-                  "help": "hosts scenario: round trips the relay adds on each host (default 0,2,10)"}),
+    (
+        ("--tls",),
+        {
+            "action": "store_true",
+            "help": "instead of the scenarios: the encrypted direct channel vs actor "
+            "calls on a TLS cluster vs the plaintext direct channel (CartPole, --envs, default 8; checkout)",
+        },
+    ),
+    (
+        ("--rtt",),
+        {
+            "type": _number_list(float, "0,2,10", 0),
+            "default": [0.0, 2.0, 10.0],
+            "metavar": "MS[,MS...]",
+            "help": "hosts scenario: round trips the relay adds on each host (default 0,2,10)",
+        },
+    ),
     (("--hosts",), {"type": int, "default": 2, "help": "hosts scenario: emulated worker hosts (default 2)"}),
-    (("--rollout-steps",), {"type": int, "default": 128,
-                            "help": "hosts scenario: PPO n_steps per rollout (default 128)"}),
-    (("--learning-seeds",), {"type": _number_list(int, "0,1,2", 0), "default": [0, 1, 2], "metavar": "S[,S...]",
-                             "help": "learning scenarios: seeds (default 0,1,2)"}),
-)  # fmt: skip
+    (
+        ("--rollout-steps",),
+        {"type": int, "default": 128, "help": "hosts scenario: PPO n_steps per rollout (default 128)"},
+    ),
+    (
+        ("--learning-seeds",),
+        {
+            "type": _number_list(int, "0,1,2", 0),
+            "default": [0, 1, 2],
+            "metavar": "S[,S...]",
+            "help": "learning scenarios: seeds (default 0,1,2)",
+        },
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,10 +178,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         The (sub)parser of the ``bench`` command.
     """
     scenarios = [*SCENARIOS, "all", "workloads", "none", *OWN_RUN]
-    parser.add_argument("--scenario", nargs="+", default=["all"], choices=scenarios, metavar="SCENARIO",
-                        help=f"one or more of: {', '.join(scenarios)}; {_SCENARIO_HELP}")  # fmt: skip
-    parser.add_argument("--vec-envs", type=_comma_list, default=list(VEC_ENVS), metavar="LIST",
-                        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})")  # fmt: skip
+    parser.add_argument(
+        "--scenario",
+        nargs="+",
+        default=["all"],
+        choices=scenarios,
+        metavar="SCENARIO",
+        help=f"one or more of: {', '.join(scenarios)}; {_SCENARIO_HELP}",
+    )
+    parser.add_argument(
+        "--vec-envs",
+        type=_comma_list,
+        default=list(VEC_ENVS),
+        metavar="LIST",
+        help=f"comma-separated vec envs to compare (default: {','.join(VEC_ENVS)})",
+    )
     parser.add_argument("--envs", type=_number_list(int, "8,64", 1), default=None, metavar="N[,N...]", help=_ENVS_HELP)
     for flags, kwargs in _OPTIONS:
         parser.add_argument(*flags, **kwargs)
@@ -150,10 +233,19 @@ def run(args: argparse.Namespace) -> int:
             if asked is not None:  # run by benchmarks/command.py, from a source checkout
                 command = source.module(asked, "command")
                 return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
-            settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if hasattr(args, f.name)}
-            results = run_benchmark(args.scenario, args.vec_envs, n_envs=args.envs, dashboard=args.dashboard,
-                                    dashboard_route=args.dashboard_route, out_dir=args.out, plot=not args.no_plot,
-                                    **settings)  # fmt: skip
+            settings = {
+                f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions) if hasattr(args, f.name)
+            }
+            results = run_benchmark(
+                args.scenario,
+                args.vec_envs,
+                n_envs=args.envs,
+                dashboard=args.dashboard,
+                dashboard_route=args.dashboard_route,
+                out_dir=args.out,
+                plot=not args.no_plot,
+                **settings,
+            )
     except ValueError as e:  # invalid options; InSourceOnly: a benchmark of the source repository asked of a wheel
         print(f"daskvec bench: {e}", file=sys.stderr)
         return 2

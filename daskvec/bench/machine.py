@@ -15,8 +15,23 @@ from typing import Any
 __all__ = ["load_average", "machine_info"]
 
 
-_PACKAGES = ("daskvec", "dask", "distributed", "stable-baselines3", "gymnasium", "numpy", "torch", "cloudpickle",
-             "tornado", "bokeh", "psutil", "matplotlib", "ale-py", "mujoco", "envpool")  # fmt: skip
+_PACKAGES = (
+    "daskvec",
+    "dask",
+    "distributed",
+    "stable-baselines3",
+    "gymnasium",
+    "numpy",
+    "torch",
+    "cloudpickle",
+    "tornado",
+    "bokeh",
+    "psutil",
+    "matplotlib",
+    "ale-py",
+    "mujoco",
+    "envpool",
+)
 
 
 def _cpu_model() -> str:
@@ -46,8 +61,9 @@ def _git_commit() -> str | None:
     git, here = shutil.which("git"), Path(__file__).resolve().parent
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         if git is not None:
-            out = subprocess.run([git, "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                                 timeout=5)  # fmt: skip
+            out = subprocess.run(
+                [git, "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+            )
             return out.stdout.strip() or None if out.returncode == 0 else None
     return None
 

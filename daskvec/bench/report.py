@@ -168,8 +168,14 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
     cases = [c for c in results["cases"] if c["scenario"] not in _TABLE_ONLY and not c.get("skipped")]
     kinds = [k for k in VEC_ENVS if any(k in c["results"] for c in cases)]
-    colors = {"dummy": "#8c8c8c", "subproc": "#4c72b0", "async": "#dd8452", "dask": "#55a868",
-              "envpool": "#8172b3", "dask-envpool": "#64b5cd"}  # fmt: skip
+    colors = {
+        "dummy": "#8c8c8c",
+        "subproc": "#4c72b0",
+        "async": "#dd8452",
+        "dask": "#55a868",
+        "envpool": "#8172b3",
+        "dask-envpool": "#64b5cd",
+    }
     panels = (
         ("ratio_steps_per_s", "Speed vs SubprocVecEnv (higher is better)\nenv-steps/s; training: 1 / wall time"),
         ("ratio_ttfs", "Time to first step vs SubprocVecEnv (lower is better)\nconstruction + reset + first step"),

@@ -22,15 +22,24 @@ __all__ = [
     "VEC_ENVS",
     "WORKLOADS",
     "Case",
-    "Options",
+    "BenchOptions",
     "missing_packages",
 ]
 
 
 #: Scenario names, in the order they run.
 SCENARIOS: tuple[str, ...] = (
-    "light", "heavy", "images", "training", "gym-faces", "straggler", "groups", "atari", "mujoco", "contention",
-)  # fmt: skip
+    "light",
+    "heavy",
+    "images",
+    "training",
+    "gym-faces",
+    "straggler",
+    "groups",
+    "atari",
+    "mujoco",
+    "contention",
+)
 #: Real workloads: their own packages (the ``workloads`` extra), minutes each; run when named
 #: (or with ``workloads``), not with ``all``.
 WORKLOADS: tuple[str, ...] = ("atari", "mujoco", "contention")
@@ -65,7 +74,7 @@ DEFAULT_ENVS: dict[str, tuple[int, ...]] = {
     "heavy": (8,),
     "images": (16,),
     "training": (8,),
-    "gym-faces": (64,),  # issue 16 (benchmarks.gym_faces)
+    "gym-faces": (64,),  # benchmarks.gym_faces
     "straggler": (16,),
     "groups": (2, 8, 32, 64),  # env groups of one CartPole each (benchmarks.groups)
     "atari": (16,),
@@ -103,14 +112,34 @@ class Case:
 
 def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Case]:
     if scenario == "atari":
-        return [Case(scenario, f"atari-{n}", "PongNoFrameskip-v4, AtariWrapper + VecFrameStack(4)", int(n),
-                     functools.partial(make_atari, "PongNoFrameskip-v4"),
-                     make_async=functools.partial(make_atari, "PongNoFrameskip-v4", 4), frame_stack=4,
-                     envpool_task="Pong-v5", python_ideal=True) for n in sizes]  # fmt: skip
+        return [
+            Case(
+                scenario,
+                f"atari-{n}",
+                "PongNoFrameskip-v4, AtariWrapper + VecFrameStack(4)",
+                int(n),
+                functools.partial(make_atari, "PongNoFrameskip-v4"),
+                make_async=functools.partial(make_atari, "PongNoFrameskip-v4", 4),
+                frame_stack=4,
+                envpool_task="Pong-v5",
+                python_ideal=True,
+            )
+            for n in sizes
+        ]
     if scenario == "mujoco":
         cheetah = functools.partial(gym.make, "HalfCheetah-v5")
-        return [Case(scenario, f"mujoco-{n}", "HalfCheetah-v5", int(n), cheetah, envpool_task="HalfCheetah-v5",
-                     python_ideal=True) for n in sizes]  # fmt: skip
+        return [
+            Case(
+                scenario,
+                f"mujoco-{n}",
+                "HalfCheetah-v5",
+                int(n),
+                cheetah,
+                envpool_task="HalfCheetah-v5",
+                python_ideal=True,
+            )
+            for n in sizes
+        ]
     envs: dict[str, tuple[str, Callable[[], gym.Env[Any, Any]]]] = {
         "light": ("CartPole-v1", functools.partial(gym.make, "CartPole-v1")),
         "heavy": (f"BusyEnv ({heavy_step_s * 1e3:g} ms CPU/step)", functools.partial(BusyEnv, step_cpu_s=heavy_step_s)),
@@ -122,7 +151,7 @@ def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Cas
 
 
 @dataclass
-class Options:
+class BenchOptions:
     """Settings of one benchmark run: ``daskvec bench``'s options of the same names (docs/benchmark.md).
 
     Besides them: ``training_timesteps`` (``--timesteps``), ``heavy_step_s`` (CPU seconds per
@@ -161,7 +190,7 @@ class Options:
         return {"client": self.scheduler, "transport": self.transport, "env_process": self.env_process}
 
 
-def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case | None = None) -> Any:
+def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: BenchOptions, case: Case | None = None) -> Any:
     """Build the vec env of ``kind`` for ``fns`` (for the EnvPool kinds, ``case``'s EnvPool task).
 
     Each kind's package is imported here, when it is used: an import during a measurement
@@ -175,7 +204,7 @@ def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case
             return make_envpool(task, n, opts.seed, opts.cores)
         # dask-envpool: one EnvPool with a thread per core, as one group: on one machine it beats
         # one EnvPool per core (docs/vector-groups.md, "How many vector envs")
-        from daskvec.vec_env import DaskVecEnv
+        from daskvec.sb3.vec_env import DaskVecEnv
 
         vector_fn = functools.partial(make_envpool, task, n, opts.seed, opts.cores)
         return DaskVecEnv.from_vector_envs([vector_fn], **opts.dask_kwargs())
@@ -192,7 +221,7 @@ def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case
     elif kind == "subproc":
         venv = SubprocVecEnv(fns, start_method=opts.subproc_start_method)
     else:
-        from daskvec.vec_env import DaskVecEnv
+        from daskvec.sb3.vec_env import DaskVecEnv
 
         venv = DaskVecEnv(fns, **opts.dask_kwargs())
     return VecFrameStack(venv, case.frame_stack) if case is not None and case.frame_stack else venv

@@ -4,9 +4,9 @@ Dask shows nothing about actors: their method calls never reach the scheduler. T
 page fills the gap from two cheap sources that already travel to the scheduler:
 
 - the ``daskvec_*`` scalar metrics that every worker holding envs sends with its
-  heartbeat (see :mod:`daskvec.metrics`), found in ``WorkerState.metrics``;
+  heartbeat (see :mod:`daskvec.monitoring.metrics`), found in ``WorkerState.metrics``;
 - the event each :class:`~daskvec.DaskVecEnv` logs every few seconds under the topic
-  :data:`~daskvec.metrics.CLIENT_TOPIC` with its time split (client / transit / envs).
+  :data:`~daskvec.monitoring.metrics.CLIENT_TOPIC` with its time split (client / transit / envs).
 
 Pages (Bokeh apps on the scheduler's dashboard)
     ``/daskvec``
@@ -23,7 +23,7 @@ Registration
     a scheduler started afterwards in this process serves them (``LocalCluster``,
     dask-jobqueue clusters, the cluster ``DaskVecEnv`` starts itself).
     ``from daskvec import DaskVecEnv`` calls it (through
-    :func:`daskvec.cluster.install_dashboard_page`), and so does the cluster
+    :func:`daskvec.cluster.clients.install_dashboard_page`), and so does the cluster
     ``DaskVecEnv`` starts itself. For a standalone scheduler use the preload:
     ``dask scheduler --preload daskvec.dashboard``.
 

@@ -1,7 +1,7 @@
 """What the daskvec page shows, read from one scheduler: :class:`Snapshot` and :func:`snapshot`.
 
 Pure data preparation from the scheduler's state (``WorkerState.metrics``, the env-group
-actors on each worker, the events logged under :data:`~daskvec.metrics.CLIENT_TOPIC`),
+actors on each worker, the events logged under :data:`~daskvec.monitoring.metrics.CLIENT_TOPIC`),
 shared by the Bokeh components and the Prometheus collector. No Bokeh here.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from daskvec.metrics import CLIENT_TOPIC
-from daskvec.protocol import group_actors_on
+from daskvec.monitoring.metrics import CLIENT_TOPIC
+from daskvec.protocol.messages import group_actors_on
 from daskvec.transport.wire import RateLimitedLog
 
 logger = logging.getLogger(__name__)
@@ -151,11 +151,13 @@ def _client_messages(scheduler: Any) -> list[dict[str, Any]]:
     if bad and newest_bad > _reported.get(scheduler, -math.inf):
         _reported[scheduler] = newest_bad
         _log(
-            "malformed", logging.WARNING,
+            "malformed",
+            logging.WARNING,
             "daskvec dashboard: skipping %d malformed %r events on the scheduler "
             "(logged by some client of the cluster; the page shows the others)",
-            bad, CLIENT_TOPIC,
-        )  # fmt: skip
+            bad,
+            CLIENT_TOPIC,
+        )
     return good
 
 

@@ -25,16 +25,17 @@ moves each step's data. There are two channels with one interface:
     travels as one bytes argument of an ordinary Dask actor call, so it is protected
     by whatever Dask's own comms use.
 
-Both channels carry the same messages (:mod:`daskvec.protocol`), encoded by
-:func:`encode` and decoded by :func:`decode`: a request is ``(Command, args)``, a reply
-the command's value or a :class:`~daskvec.protocol.RemoteError`. The worker side
-(:mod:`daskvec.worker`) produces replies; the client side (:mod:`daskvec.pool`) sends
+Both channels carry the same messages (:mod:`daskvec.protocol.messages`), encoded by
+:func:`encode` and decoded by :func:`decode`: a request is a
+:class:`~daskvec.protocol.messages.StepRequest` or ``(Command, args)``, a reply the request's
+value or a :class:`~daskvec.protocol.messages.RemoteError`. The worker side
+(:mod:`daskvec.worker`) produces replies; the client side (:mod:`daskvec._core.pool`) sends
 requests and waits for replies with :func:`iter_replies`, one wait for all groups per step.
 """
 
 from __future__ import annotations
 
-from daskvec.protocol import StepReply
+from daskvec.protocol.messages import StepReply
 from daskvec.transport.channels import ActorChannel, Channel, DirectChannel, iter_replies, recv_many, wait_ready
 from daskvec.transport.codec import OUT_OF_BAND_MIN_BYTES, decode, encode, pack, pack_reply, unpack
 from daskvec.transport.server import ChannelServer, check_busy_poll

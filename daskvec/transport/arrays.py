@@ -16,9 +16,19 @@ import numpy as np
 from daskvec.transport.window import WindowReader, WindowWriter
 
 __all__ = [
-    "ARRAY_HEAD", "INLINE", "META_CACHE_MAX", "META_IN", "META_OUT", "OUT_OF_BAND", "OUT_OF_BAND_MIN_BYTES", "WINDOW",
-    "array_parts", "parse_meta", "read_array", "remember",
-]  # fmt: skip
+    "ARRAY_HEAD",
+    "INLINE",
+    "META_CACHE_MAX",
+    "META_IN",
+    "META_OUT",
+    "OUT_OF_BAND",
+    "OUT_OF_BAND_MIN_BYTES",
+    "WINDOW",
+    "array_parts",
+    "parse_meta",
+    "read_array",
+    "remember",
+]
 
 #: Arrays at least this large travel as separate out-of-band frames (never copied
 #: into the pickle); smaller ones ride inside it as raw bytes.

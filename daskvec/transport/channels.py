@@ -13,7 +13,7 @@ import time
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
-from daskvec.protocol import RemoteError
+from daskvec.protocol.messages import RemoteError
 from daskvec.transport.codec import decode, encode, pack, unpack
 from daskvec.transport.window import WindowReader
 from daskvec.transport.window import supported as window_supported
@@ -321,7 +321,7 @@ _ACTOR_POLL = 0.001
 def wait_ready(channels: Sequence[Channel], timeout: float) -> list[int]:
     """Wait until at least one channel has its reply in; return the positions of those that do.
 
-    Used for partial batches (issue 16), where the groups that answer first are taken in
+    Used for partial batches, where the groups that answer first are taken in
     first. A direct channel is ready when its socket is readable (a reply, or the peer
     gone); an actor channel when its call is done. Returns ``[]`` after ``timeout``
     seconds without any.

@@ -19,7 +19,7 @@ from typing import Any, cast
 import cloudpickle
 import numpy as np
 
-from daskvec.protocol import EMPTY, RemoteError, StepReply
+from daskvec.protocol.messages import EMPTY, RemoteError, StepReply, StepRequest
 from daskvec.transport.arrays import (
     ARRAY_HEAD,
     INLINE,
@@ -29,7 +29,7 @@ from daskvec.transport.arrays import (
     array_parts,
     read_array,
     remember,
-)  # fmt: skip
+)
 from daskvec.transport.columns import SCHEMA_HEAD, info_columns, read_infos
 from daskvec.transport.window import WINDOW_MIN_BYTES, WindowReader, WindowWriter
 from daskvec.transport.wire import COUNT, MAX_FRAMES, PickleLoadError, ProtocolError
@@ -79,19 +79,19 @@ _CloudPickler.dispatch_table = ChainMap(_ARRAYS, cloudpickle.Pickler.dispatch_ta
 
 
 # ------------------------------------------------------------- compact step messages
-# The two messages of every step have a fixed form: ("step", (actions,)) and, in the
-# common case, a StepReply whose envs returned no infos or the same scalar info keys
-# (see info_columns), with empty reset infos and no restarts. They are written as raw arrays behind a
-# one-byte tag instead of as a pickle: no pickler, no reduce callbacks, no objects to
-# rebuild by the unpickler. Both sit on the critical path of every step (what this gains
-# is measured in docs/benchmark.md). Every other message, and every step reply that does
-# not fit (dict observations, infos of other shapes, reset infos that are not
-# empty), stays a pickle. A pickle of protocol 2 or later starts with 0x80, so the tags
-# below never collide with one.
+# The two messages of every step have a fixed form: a StepRequest and, in the common
+# case, a StepReply whose envs returned no infos or the same scalar info keys (see
+# info_columns), with empty reset infos and no restarts. They are written as raw arrays
+# behind a one-byte tag instead of as a pickle: no pickler, no reduce callbacks, no
+# objects to rebuild by the unpickler. Both sit on the critical path of every step (what
+# this gains is measured in docs/benchmark.md). Every other message, and every step
+# reply that does not fit (dict observations, infos of other shapes, reset infos that
+# are not empty), stays a pickle. A pickle of protocol 2 or later starts with 0x80, so
+# the tags below never collide with one.
 _STEP_REQUEST = 0x01
 _STEP_REPLY = 0x02
 _PICKLE = 0x80
-# issue 14 (sb3x): a compact step reply followed by the envs' action masks, stacked
+# a compact step reply followed by the envs' action masks, stacked
 _STEP_REPLY_MASKS = 0x03
 # a compact step reply followed by the envs' infos as columns (with masks: 0x07)
 _STEP_REPLY_INFOS = 0x06
@@ -104,34 +104,29 @@ _REPLY_HEAD = struct.Struct("<BdI")  # tag, env_seconds, number of envs n; then 
 # observations stacked, then the masks (tags 0x03, 0x07) and the info columns (0x06, 0x07)
 _F8 = np.dtype("<f8")
 #: ``n`` zero bytes by ``n``: the flags of a step reply of ``n`` envs none of which ended its episode.
-_QUIET_FLAGS: dict[int, bytes] = {}
-#: Groups of more envs than this take the general way (the zero flags are not cached for them).
-_QUIET_MAX_ENVS = 4096
+_ZERO_FLAGS: dict[int, bytes] = {}
+#: Groups of more envs than this take the general way (their zero flags are not cached).
+_ZERO_FLAGS_MAX_ENVS = 4096
 
 
-def _no_flags(n: int) -> bytes | None:
-    """``n`` zero bytes, cached (``None`` for more than :data:`_QUIET_MAX_ENVS` envs: the general way)."""
-    zeros = _QUIET_FLAGS.get(n)
-    if zeros is None and 0 < n <= _QUIET_MAX_ENVS:
-        zeros = remember(_QUIET_FLAGS, n, bytes(n))
+def _zero_flags(n: int) -> bytes | None:
+    """``n`` zero bytes, cached (``None`` for more than :data:`_ZERO_FLAGS_MAX_ENVS` envs: the general way)."""
+    zeros = _ZERO_FLAGS.get(n)
+    if zeros is None and 0 < n <= _ZERO_FLAGS_MAX_ENVS:
+        zeros = remember(_ZERO_FLAGS, n, bytes(n))
     return zeros
 
 
-def _step_actions(obj: Any) -> np.ndarray | None:
-    """The actions of ``("step", (actions,))`` when they can travel raw, else ``None`` (a pickle)."""
-    if type(obj) is not tuple or len(obj) != 2 or obj[0] != "step":
+def _raw_actions(request: StepRequest) -> np.ndarray | None:
+    """The actions of ``request`` when they can travel as raw bytes, else ``None`` (the request is pickled)."""
+    actions = request.actions
+    if type(actions) is not np.ndarray or actions.dtype.hasobject:
         return None
-    body = obj[1]
-    if type(body) is not tuple or len(body) != 1 or type(actions := body[0]) is not np.ndarray:
-        return None
-    return None if actions.dtype.hasobject else actions
+    return actions
 
 
-def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
-    """The compact form of ``("step", (actions,))``, or None if ``obj`` is not one."""
-    actions = _step_actions(obj)
-    if actions is None:
-        return None
+def _encode_step_request(actions: np.ndarray) -> tuple[bytes, list[memoryview]]:
+    """The compact record of a step request's raw ``actions``: the tag, then the array."""
     parts: list[bytes] = [b"\x01"]  # _STEP_REQUEST
     extra: list[memoryview] = []
     array_parts(actions, parts, extra)
@@ -142,20 +137,20 @@ def _encode_step_request(obj: Any) -> tuple[bytes, list[memoryview]] | None:
 _REQUEST_HEAD: dict[tuple[np.dtype[Any], tuple[int, ...]], tuple[bytes, bytes]] = {}
 
 
-def _step_request_frames(obj: Any) -> list[bytes | memoryview] | None:
-    """The frames of ``("step", (actions,))``, or ``None`` if ``obj`` is not one that travels raw.
+def _step_request_frames(request: StepRequest) -> list[bytes | memoryview] | None:
+    """The frames of ``request``, or ``None`` if its actions do not travel raw (then it is pickled).
 
     Those :func:`_framed` makes of :func:`_encode_step_request`'s record; for small
     actions of a layout sent before, from the header and payload prefix cached per
     layout (the first request of a layout takes the long way and fills the cache).
     """
-    actions = _step_actions(obj)
+    actions = _raw_actions(request)
     if actions is None:
         return None
     known = _REQUEST_HEAD.get((actions.dtype, actions.shape))
     if known is not None:
         return [known[0], known[1] + actions.tobytes()]
-    payload, extra = cast(tuple[bytes, list[memoryview]], _encode_step_request(obj))
+    payload, extra = _encode_step_request(actions)
     frames = _framed(payload, extra)
     if not extra:  # small actions, in the payload: their layout's header and prefix are cached
         prefix = payload[: len(payload) - actions.nbytes]
@@ -163,7 +158,7 @@ def _step_request_frames(obj: Any) -> list[bytes | memoryview] | None:
     return frames
 
 
-def _encode_quiet(reply: StepReply, window: WindowWriter | None) -> list[bytes | memoryview] | None:
+def _encode_common_reply(reply: StepReply, window: WindowWriter | None) -> list[bytes | memoryview] | None:
     """The frames of the most common step reply, or ``None`` if ``reply`` is not one.
 
     No infos, masks, final observations, reset infos or restarts, no episode ended,
@@ -172,28 +167,47 @@ def _encode_quiet(reply: StepReply, window: WindowWriter | None) -> list[bytes |
     """
     obs, rewards = reply.obs, reply.rewards
     if (
-        reply.infos or reply.final_obs or reply.reset_infos or reply.restarted or reply.masks is not None
-        or type(obs) is not np.ndarray or type(rewards) is not np.ndarray or rewards.ndim != 1
-    ):  # fmt: skip
+        reply.infos
+        or reply.final_obs
+        or reply.reset_infos
+        or reply.restarted
+        or reply.masks is not None
+        or type(obs) is not np.ndarray
+        or type(rewards) is not np.ndarray
+        or rewards.ndim != 1
+    ):
         return None
     n = len(rewards)
-    zeros = _no_flags(n)
+    zeros = _zero_flags(n)
     terminated, truncated = reply.terminated, reply.truncated
     if (
-        zeros is None or len(obs) != n or obs.nbytes >= OUT_OF_BAND_MIN_BYTES or obs.dtype.hasobject
+        zeros is None
+        or len(obs) != n
+        or obs.nbytes >= OUT_OF_BAND_MIN_BYTES
+        or obs.dtype.hasobject
         or (window is not None and obs.nbytes >= WINDOW_MIN_BYTES)
-        or type(terminated) is not np.ndarray or terminated.dtype != np.bool_ or terminated.shape != (n,)
-        or type(truncated) is not np.ndarray or truncated.dtype != np.bool_ or truncated.shape != (n,)
-        or terminated.tobytes() != zeros or truncated.tobytes() != zeros
-    ):  # fmt: skip
+        or type(terminated) is not np.ndarray
+        or terminated.dtype != np.bool_
+        or terminated.shape != (n,)
+        or type(truncated) is not np.ndarray
+        or truncated.dtype != np.bool_
+        or truncated.shape != (n,)
+        or terminated.tobytes() != zeros
+        or truncated.tobytes() != zeros
+    ):
         return None
     meta = META_OUT.get((obs.dtype, obs.shape, INLINE))
     if meta is None:
         return None  # a layout not seen yet: the long way writes its description
     payload = b"".join(
-        (_REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n), zeros, rewards.astype(_F8, copy=False).tobytes(),
-         meta, obs.tobytes())
-    )  # fmt: skip
+        (
+            _REPLY_HEAD.pack(_STEP_REPLY, reply.env_seconds, n),
+            zeros,
+            rewards.astype(_F8, copy=False).tobytes(),
+            meta,
+            obs.tobytes(),
+        )
+    )
     return [_ONE_FRAME.pack(1, len(payload)), payload]
 
 
@@ -265,7 +279,7 @@ def _encode_step_reply(reply: StepReply, window: WindowWriter | None) -> tuple[b
     return b"".join(parts), extra
 
 
-def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None:
+def _decode_common_reply(payload: Any, window: WindowReader | None) -> StepReply | None:
     """The most common step reply, read with as few operations as it allows: ``None`` if ``payload`` is not one.
 
     A compact reply with no masks and no infos, in which no episode ended, whose
@@ -280,7 +294,7 @@ def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None
     at = start + 9 * n  # after the flags and the float64 rewards
     if len(payload) < at + ARRAY_HEAD.size:
         return None
-    zeros = _no_flags(n)
+    zeros = _zero_flags(n)
     if zeros is None or payload[start : start + n] != zeros:
         return None
     end = at + ARRAY_HEAD.size + payload[at] + 8 * payload[at + 1]
@@ -300,19 +314,19 @@ def _decode_quiet(payload: Any, window: WindowReader | None) -> StepReply | None
     if not rewards.flags.writeable:  # immutable bytes (the actor channel)
         rewards, obs = rewards.copy(), (obs if count < 0 else obs.copy())
     no = np.zeros(n, dtype=bool)
-    return StepReply(obs, rewards, no, no.copy(), EMPTY, EMPTY, EMPTY, EMPTY, env_seconds, None, True)
+    return StepReply(obs, rewards, no, no.copy(), EMPTY, EMPTY, EMPTY, EMPTY, env_seconds, None)
 
 
 def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
     """Rebuild the message that the compact encoders wrote, as the pickle path would."""
     payload = frames[0]
     try:
-        if len(frames) == 1 and (quiet := _decode_quiet(payload, window)) is not None:
-            return quiet
+        if len(frames) == 1 and (common := _decode_common_reply(payload, window)) is not None:
+            return common
         extra = list(frames[1:])
         if payload[0] == _STEP_REQUEST:
             actions, _ = read_array(payload, 1, extra)
-            return ("step", (actions,))
+            return StepRequest(actions)
         tag, env_seconds, n = _REPLY_HEAD.unpack_from(payload, 0)
         offset = _REPLY_HEAD.size
         flags = bytes(payload[offset : offset + n])
@@ -323,9 +337,9 @@ def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
         offset += 8 * n
         obs, offset = read_array(payload, offset, extra, window)
         # most steps end no episode: then every flag is 0 and there is no final observation to read
-        quiet = flags.count(0) == n
+        no_ends = flags.count(0) == n
         final = None
-        if not quiet and any(b & _FINAL_OBS for b in flags):
+        if not no_ends and any(b & _FINAL_OBS for b in flags):
             final, offset = read_array(payload, offset, extra)
         masks = None
         if tag & 0x01:  # _STEP_REPLY_MASKS and _STEP_REPLY_MASKS_INFOS
@@ -337,18 +351,34 @@ def _decode_step(frames: Sequence[Any], window: WindowReader | None) -> Any:
         raise ProtocolError(f"malformed compact message: {type(e).__name__}: {e}") from e
     if len(flags) != n or len(obs) != n or (masks is not None and len(masks) != n):
         raise ProtocolError("malformed compact step reply (lengths differ)")
-    if quiet:  # no episode ended: the sparse columns share one read-only empty mapping
+    if no_ends:  # no episode ended: the sparse columns share one read-only empty mapping
         no = np.zeros(n, dtype=bool)
         return StepReply(
-            obs, rewards, no, no.copy(), final_obs=EMPTY, infos=infos, reset_infos=EMPTY, restarted=EMPTY,
-            env_seconds=env_seconds, masks=masks, quiet=masks is None and infos is EMPTY,
-        )  # fmt: skip
+            obs,
+            rewards,
+            no,
+            no.copy(),
+            final_obs=EMPTY,
+            infos=infos,
+            reset_infos=EMPTY,
+            restarted=EMPTY,
+            env_seconds=env_seconds,
+            masks=masks,
+        )
     bits = np.frombuffer(flags, dtype=np.uint8)
     # a compact reply never carries restarts (see _encode_step_reply)
     reply = StepReply(
-        obs, rewards, (bits & _TERMINATED).astype(bool), (bits & _TRUNCATED).astype(bool),
-        final_obs={}, infos=infos, reset_infos={}, restarted=EMPTY, env_seconds=env_seconds, masks=masks,
-    )  # fmt: skip
+        obs,
+        rewards,
+        (bits & _TERMINATED).astype(bool),
+        (bits & _TRUNCATED).astype(bool),
+        final_obs={},
+        infos=infos,
+        reset_infos={},
+        restarted=EMPTY,
+        env_seconds=env_seconds,
+        masks=masks,
+    )
     k = 0
     for pos, b in enumerate(flags):
         if b & _FINAL_OBS:
@@ -384,9 +414,10 @@ def encode(obj: Any, window: WindowWriter | None = None) -> list[bytes | memoryv
         Anything cloudpickle can pickle. NumPy arrays inside it are written as raw
         bytes with their dtype and shape; those of at least
         :data:`OUT_OF_BAND_MIN_BYTES` are not copied at all but sent as separate
-        frames after the payload. A step request, and a step reply whose infos are
-        absent or fit columns (see ``info_columns``), get a compact payload of raw
-        arrays; everything else is one pickle.
+        frames after the payload. A :class:`~daskvec.protocol.messages.StepRequest`
+        whose actions are an array, and a step reply whose infos are absent or fit
+        columns (see ``info_columns``), get a compact payload of raw arrays; everything
+        else is one pickle.
     window : WindowWriter, optional
         The connection's shared window (a client on this machine): a compact step
         reply's observations of at least :data:`~daskvec.transport.window.WINDOW_MIN_BYTES`
@@ -397,14 +428,17 @@ def encode(obj: Any, window: WindowWriter | None = None) -> list[bytes | memoryv
     list of bytes-like
         ``[header, payload, buffer, ...]`` ready for :func:`socket.socket.sendmsg`.
     """
-    if type(obj) is StepReply:
-        frames = _encode_quiet(obj, window)
+    kind = type(obj)
+    if kind is StepRequest:
+        frames = _step_request_frames(obj)
+        if frames is not None:
+            return frames
+    elif kind is StepReply:
+        frames = _encode_common_reply(obj, window)
         if frames is None and (compact := _encode_step_reply(obj, window)) is not None:
             frames = _framed(*compact)
-    else:
-        frames = _step_request_frames(obj)
-    if frames is not None:
-        return frames
+        if frames is not None:
+            return frames
     buffers: list[pickle.PickleBuffer] = []
     f = io.BytesIO()
     try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from daskvec.protocol import ColumnInfos
+from daskvec.protocol.messages import ColumnInfos
 from daskvec.transport.arrays import read_array, remember
 
 __all__ = ["SCHEMA_HEAD", "given_columns", "info_columns", "read_infos"]
@@ -124,7 +124,7 @@ def _schema(keys: tuple[str, ...], kinds: bytes) -> bytes | None:
 
 
 def given_columns(infos: ColumnInfos, n: int) -> tuple[bytes, np.ndarray, Sequence[np.ndarray]] | None:
-    """:func:`info_columns` of a vector group's :class:`~daskvec.protocol.ColumnInfos`: its own columns."""
+    """:func:`info_columns` of a vector group's :class:`~daskvec.protocol.messages.ColumnInfos`: its own columns."""
     keys, columns = infos.names, infos.columns
     if len(keys) > 255 or len(infos) != n or any(c.ndim == 0 or len(c) != n for c in columns):
         return None

@@ -40,9 +40,9 @@ __all__ = ["ChannelServer", "check_busy_poll"]
 
 #: Connections (by id) whose client sent its last request within the poll budget
 #: of the previous reply: the ones stepping fast. A connection busy-polls only while
-#: no other connection in its process is hot, so polls never fight a stepping
+#: no other connection in its process is quick, so polls never fight a stepping
 #: thread of the same process for the GIL.
-_HOT: set[int] = set()
+_QUICK_CONNECTIONS: set[int] = set()
 #: After this many requests in a row that arrived later than the budget (a client
 #: busy with something else, e.g. a training update), a connection stops polling until
 #: a request comes quickly again.
@@ -294,10 +294,13 @@ class ChannelServer:
                 self.accept_errors += 1
                 delay = min(max(2 * delay, _BACKOFF_MIN), _BACKOFF_MAX)
                 self._log(
-                    "accept", logging.WARNING,
+                    "accept",
+                    logging.WARNING,
                     "daskvec channel %s cannot accept connections (%s: %s); retrying",
-                    self._name, type(e).__name__, e,
-                )  # fmt: skip
+                    self._name,
+                    type(e).__name__,
+                    e,
+                )
                 self._closed.wait(delay)
                 continue
             delay = 0.0
@@ -316,11 +319,13 @@ class ChannelServer:
             self._pending.append(entry)
         if evicted is not None:
             self._log(
-                "full", logging.WARNING,
-                "daskvec channel %s has %d connections waiting for their handshake; "
-                "pushed out the oldest from %s",
-                self._name, self._max_pending, evicted.host,
-            )  # fmt: skip
+                "full",
+                logging.WARNING,
+                "daskvec channel %s has %d connections waiting for their handshake; pushed out the oldest from %s",
+                self._name,
+                self._max_pending,
+                evicted.host,
+            )
             evicted.cut()  # counted as refused by its own thread, when its read fails
         try:
             threading.Thread(target=self._serve, args=(entry, peer), name=f"{self._name}-conn", daemon=True).start()
@@ -417,7 +422,7 @@ class ChannelServer:
             why = "".join(traceback.format_exception_only(type(e), e)).strip()
             logger.error("daskvec channel %s dropped a connection from %s: %s", self._name, peer, why)
         finally:
-            _HOT.discard(id(conn))
+            _QUICK_CONNECTIONS.discard(id(conn))
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
@@ -438,8 +443,12 @@ class ChannelServer:
         contended, calm_from = 0, 0.0  # polls in a row on a contended core; no polls before calm_from
         reader = FrameReader(conn)  # the connection is blocking: each read waits by itself
         while not self._closed.is_set():
-            # polls: quick client, no other hot connection here, not paused for contention
-            if misses < _POLL_MISSES and _HOT.issubset(only_me) and (not calm_from or time.perf_counter() >= calm_from):
+            # polls: quick client, no other quick connection here, not paused for contention
+            if (
+                misses < _POLL_MISSES
+                and _QUICK_CONNECTIONS.issubset(only_me)
+                and (not calm_from or time.perf_counter() >= calm_from)
+            ):
                 calm_from = 0.0
                 self.polls += 1
                 found, busy_core = _poll_readable(conn, budget)
@@ -461,7 +470,7 @@ class ChannelServer:
             if budget:
                 quick = time.perf_counter() - replied <= budget
                 misses = 0 if quick else misses + 1
-                (_HOT.add if quick else _HOT.discard)(me)
+                (_QUICK_CONNECTIONS.add if quick else _QUICK_CONNECTIONS.discard)(me)
             try:
                 reply = self._handler(request)
             except ChannelError as e:  # a handler that is gone

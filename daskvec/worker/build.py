@@ -1,6 +1,6 @@
 """Building a group's envs from their factories, on the worker.
 
-An :class:`~daskvec.worker.group.EnvGroup` gets its envs' factories pickled; this module
+An :class:`~daskvec.worker.env_group.EnvGroup` gets its envs' factories pickled; this module
 calls them: one env per factory (:func:`build_envs`, :func:`build_env`, which checks
 that each returns a new env), or the group's one vectorized env (:func:`build_vector`).
 With a build timeout the factories run on a thread of their own (:func:`build_group`),
@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 
 from daskvec.errors import EnvBuildError, EnvBuildTimeoutError
-from daskvec.protocol import Autoreset
+from daskvec.protocol.messages import Autoreset
 from daskvec.worker.envs import factory_name
 from daskvec.worker.vector import VectorEnvs
 

@@ -2,7 +2,7 @@
 
 Stacking their observations (and their action masks), describing their shapes, looking
 up attributes through their wrappers, naming their factories, and turning their exceptions into
-:class:`~daskvec.protocol.RemoteError` replies. Used by :class:`~daskvec.worker.EnvGroup`
+:class:`~daskvec.protocol.messages.RemoteError` replies. Used by :class:`~daskvec.worker.EnvGroup`
 and, for the error messages about observation shapes, by the client's step buffers.
 """
 
@@ -18,7 +18,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import MASK_METHOD, PerEnv, RemoteError
+from daskvec.protocol.messages import MASK_METHOD, PerEnv, RemoteError
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def stack_obs(obs_list: Sequence[Any], space: gym.Space[Any]) -> Any:
     Dict spaces give a dict, Tuple spaces a tuple, of what their subspaces give; array
     spaces (Box, Discrete, MultiDiscrete, MultiBinary) one array, a contiguous buffer
     sent out of band; any other space (Graph, Text, Sequence, OneOf, custom spaces) a
-    :class:`~daskvec.protocol.PerEnv` tuple of the observations themselves, as
+    :class:`~daskvec.protocol.messages.PerEnv` tuple of the observations themselves, as
     Gymnasium's vector envs batch them.
     """
     if isinstance(space, gym.spaces.Dict):
@@ -169,7 +169,7 @@ class EnvFailure(Exception):
 
 
 def remote_error(exc: BaseException, env_index: int | None, worker: str) -> RemoteError:
-    """``exc`` as a :class:`~daskvec.protocol.RemoteError` (with the exception itself when it pickles)."""
+    """``exc`` as a :class:`~daskvec.protocol.messages.RemoteError` (with the exception itself when it pickles)."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         blob: bytes | None = cloudpickle.dumps(exc)

@@ -29,13 +29,13 @@ from typing import Any, cast
 
 import cloudpickle
 
-from daskvec import metrics
 from daskvec.config import worker_busy_poll, worker_shared_memory
 from daskvec.errors import EnvBuildTimeoutError
-from daskvec.protocol import Command, GroupDesc, GroupSpec, RemoteError
+from daskvec.monitoring import metrics
+from daskvec.protocol.messages import Command, GroupDesc, GroupSpec, RemoteError
 from daskvec.transport import ChannelError, DirectChannel, pack, unpack
 from daskvec.worker import probes
-from daskvec.worker.group import EnvGroup
+from daskvec.worker.env_group import EnvGroup
 from daskvec.worker.reaper import Release
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ its episode ends, stacking the episode's last frame onto the old stack as its
 into channels x height x width, ``VecNormalize`` normalises them (here with the
 statistics frozen at the rollout's start, :func:`normalize_obs`). For a group to run the
 policy on its own envs it must see what the learner would: :class:`ObsChain` repeats
-each stage of an :class:`~daskvec.rollout_protocol.ObsPipeline` with NumPy alone, step for step
+each stage of an :class:`~daskvec.protocol.rollout_records.ObsPipeline` with NumPy alone, step for step
 as SB3's ``StackedObservations``, ``VecTransposeImage`` and ``VecNormalize`` do, from the
 stacks the client's wrappers held when the rollout started. The client then replays
 the raw steps through its own wrappers, so theirs are the observations the learner
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from daskvec.rollout_protocol import FrameStack, ObsPipeline, TransposeImage
+from daskvec.protocol.rollout_records import FrameStack, ObsPipeline, TransposeImage
 
 __all__ = ["ObsChain", "normalize_obs"]
 
@@ -153,7 +153,7 @@ class _Stack:
 
 
 class ObsChain:
-    """A group's observations through the stages of an :class:`~daskvec.rollout_protocol.ObsPipeline`.
+    """A group's observations through the stages of an :class:`~daskvec.protocol.rollout_records.ObsPipeline`.
 
     Parameters
     ----------

@@ -18,8 +18,8 @@ from datetime import datetime
 from typing import Any
 
 __all__ = [
-    "WORKER_DIRECTORY",
-    "WorkerDirectory",
+    "WORKER_LOCAL_DIR",
+    "WorkerLocalDir",
     "actor_key",
     "current_worker",
     "holds_actor",
@@ -130,14 +130,14 @@ def listen_host(worker: Any) -> str:
     return str(get_address_host(address))
 
 
-class WorkerDirectory:
+class WorkerLocalDir:
     """Default of ``EnvGroup(unix_dir=...)``: the worker's local directory (see :func:`unix_dir`)."""
 
     def __repr__(self) -> str:
         return "<the worker's local directory>"
 
 
-WORKER_DIRECTORY = WorkerDirectory()
+WORKER_LOCAL_DIR = WorkerLocalDir()
 
 
 def unix_dir(worker: Any) -> str:

@@ -4,7 +4,7 @@ A group built from a vector factory (``GroupSpec.vector``) holds one :class:`Vec
 instead of a list of envs, and steps it with one call per request. This module turns
 what the vector env returns (batched arrays, Gymnasium's ``_key``-masked infos) into
 what a group replies (columns plus per-env info dicts), and gives the group the
-reset semantics it was created with (:class:`~daskvec.protocol.Autoreset`) out of the
+reset semantics it was created with (:class:`~daskvec.protocol.messages.Autoreset`) out of the
 vector env's own:
 
 ========================  =============================  ==============================
@@ -40,7 +40,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from daskvec.protocol import Autoreset, ColumnInfos
+from daskvec.protocol.messages import Autoreset, ColumnInfos
 
 logger = logging.getLogger(__name__)
 
@@ -233,8 +233,9 @@ class VectorEnvs:
         self.mode = _mode_of(vec)
         self.envpool = self.mode == _ENVPOOL
         if self.mode not in _SERVES[autoreset]:
-            wanted = " or ".join(f"AutoresetMode.{m.upper().replace('STEP', '_STEP')}" for m in _SERVES[autoreset]
-                                 if m != _ENVPOOL)  # fmt: skip
+            wanted = " or ".join(
+                f"AutoresetMode.{m.upper().replace('STEP', '_STEP')}" for m in _SERVES[autoreset] if m != _ENVPOOL
+            )
             raise ValueError(
                 f"{type(vec).__name__} resets finished envs as autoreset_mode={self.mode!r}, but this vec env's "
                 f"groups must reset them as {autoreset.value!r}; build the vector env with autoreset_mode="

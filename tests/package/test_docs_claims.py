@@ -1,0 +1,92 @@
+"""The performance figures that the README, the docs and the notebooks quote are those of
+the committed benchmark run (``benchmarks/results/bench.json``), and no text says the opposite of it.
+
+When the benchmark is run again and ``benchmarks/results/bench.json`` replaced, these tests fail until
+the prose quoting it is updated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+BENCH = json.loads((ROOT / "benchmarks" / "results" / "bench.json").read_text())
+CASES = {c["case"]: c["results"] for c in BENCH["cases"]}
+
+
+def steps(case: str, vec_env: str) -> str:
+    """Env-steps/s of a vec env in the committed run, written as the docs write it (``17,475``)."""
+    return f"{CASES[case][vec_env]['steps_per_s']:,.0f}"
+
+
+def ratio(case: str, digits: int = 1) -> str:
+    """DaskVecEnv / SubprocVecEnv env-steps/s in the committed run, e.g. ``2.7x``."""
+    return f"{CASES[case]['dask']['ratio_steps_per_s']:.{digits}f}x"
+
+
+def notebook_markdown(name: str) -> str:
+    nb = json.loads((ROOT / "notebooks" / name).read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def texts() -> dict[str, str]:
+    """Every prose file: README, docs/*.md and the notebooks' markdown cells."""
+    out = {"README.md": (ROOT / "README.md").read_text()}
+    out.update({f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))})
+    out.update({f"notebooks/{p.name}": notebook_markdown(p.name) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))})
+    return out
+
+
+def test_readme_table_is_the_committed_run() -> None:
+    readme = (ROOT / "README.md").read_text()
+    rows = {
+        "light-8": "light: CartPole-v1, 8 envs (env-steps/s)",
+        "light-64": "light: CartPole-v1, 64 envs",
+        "images-16": "images: 84x84x3 uint8, 16 envs",
+    }
+    for case, label in rows.items():
+        row = (
+            f"| {label} | {steps(case, 'dummy')} | {steps(case, 'subproc')} | {steps(case, 'async')} | "
+            f"**{steps(case, 'dask')}** | **{ratio(case)}** |"
+        )
+        assert row in readme, row
+    heavy = CASES["heavy-8"]["dask"]
+    assert (
+        f"**{steps('heavy-8', 'dask')}** ({heavy['fraction_of_ideal']:.2f} of ideal) | **{ratio('heavy-8', 2)}** |"
+        in readme
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "quoted"),
+    [
+        ("notebooks/quickstart.ipynb", lambda: f"with 8 CartPole envs DaskVecEnv made {ratio('light-8')}"),
+        ("notebooks/quickstart.ipynb", lambda: f"with 64 envs {ratio('light-64')}"),
+        ("notebooks/quickstart.ipynb", lambda: f"images {ratio('images-16')}"),
+        ("notebooks/quickstart.ipynb", lambda: f"1 ms of CPU per step {ratio('heavy-8', 2)}"),
+        (
+            "README.md",
+            lambda: (
+                f"8 CartPole envs ({steps('light-8', 'dummy')} against DaskVecEnv's\n"
+                f"{steps('light-8', 'dask')} env-steps/s)"
+            ),
+        ),
+        ("README.md", lambda: f"({steps('light-64', 'dummy')} and {steps('light-64', 'dask')})"),
+        ("docs/hpc.md", lambda: f"stepped {steps('light-64', 'dask')} env-steps/s against {steps('light-8', 'dask')}"),
+    ],
+)
+def test_quoted_figures_are_the_committed_run(where: str, quoted: Any) -> None:
+    assert quoted() in texts()[where]
+
+
+def test_no_text_says_subproc_is_faster_where_the_benchmark_says_otherwise() -> None:
+    assert all(CASES[c]["dask"]["ratio_steps_per_s"] > 1 for c in ("light-8", "light-64", "heavy-8", "images-16"))
+    claim = re.compile(r"SubprocVecEnv`?[^.]{0,80}\b(is|are|was|runs?) (faster|quicker)", re.IGNORECASE)
+    for where, text in texts().items():
+        for sentence in re.split(r"(?<=[.!?])\s+", text.replace("\n", " ")):
+            assert not claim.search(sentence), f"{where}: {sentence}"
