@@ -28,6 +28,7 @@ The off-policy learners :class:`DaskSAC`, :class:`DaskTD3`, :class:`DaskDDPG` an
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from stable_baselines3.common.vec_env.stacked_observations import StackedObserva
 from daskvec._core.rollouts import PolicyShipment, Rollout
 from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 from daskvec.protocol.rollout_records import FrameStack, ObsPipeline, TransposeImage
+from daskvec.sb3.replay import PendingRollout
 from daskvec.sb3.vec_env import DaskVecEnv
 from daskvec.worker.obs import normalize_obs
 
@@ -321,14 +323,58 @@ def _copy_info(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_collect_ahead(collect_ahead: Any) -> int:
+    """``collect_ahead`` checked: how many collections may run ahead of the learner (0 or 1)."""
+    if isinstance(collect_ahead, bool) or not isinstance(collect_ahead, (int, np.integer)):
+        raise TypeError(f"collect_ahead must be 0 or 1 (an int), not {type(collect_ahead).__name__}")
+    if collect_ahead not in (0, 1):
+        raise ValueError(
+            f"collect_ahead={collect_ahead}: 0 collects each rollout after training on the one before, "
+            "1 collects the next rollout while the learner trains; more than one rollout ahead is not supported"
+        )
+    return int(collect_ahead)
+
+
+@dataclass(eq=False)
+class _Ahead:
+    """A rollout sent to the workers before the learner trained: what its replay needs, kept from its start."""
+
+    venv: DaskVecEnv
+    n_steps: int
+    pending: PendingRollout
+    frozen: _NormalizeSnapshot
+    #: the policy's input at the rollout's first step
+    obs: Any
+    #: the learner's gradient steps (``_n_updates``) when the weights were shipped
+    updates: int
+
+
 class _WorkerRollouts(OnPolicyAlgorithm):
     """``collect_rollouts`` on the workers when the env allows it (see the module doc)."""
 
     _daskvec_shipment: PolicyShipment | None = None
     _daskvec_warned: bool = False
+    #: the rollout collected while the learner trains (``collect_ahead=1``)
+    _daskvec_ahead: _Ahead | None = None
+    #: when the last ``collect_rollouts`` returned, and when its workers' fragments were all in
+    _daskvec_returned: float | None = None
+    _daskvec_envs_done: float | None = None
+    _daskvec_lags: tuple[int, int] | None = None  # the least and greatest policy lag of the run
+    collect_ahead: int = 0
+
+    def __init__(self, *args: Any, collect_ahead: int = 0, **kwargs: Any) -> None:
+        self.collect_ahead = check_collect_ahead(collect_ahead)
+        super().__init__(*args, **kwargs)
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_daskvec_shipment", "_daskvec_warned"]
+        return [
+            *super()._excluded_save_params(),
+            "_daskvec_shipment",
+            "_daskvec_warned",
+            "_daskvec_ahead",
+            "_daskvec_returned",
+            "_daskvec_envs_done",
+        ]
 
     def collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
@@ -340,6 +386,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         """
         plan, reason = plan_rollouts(env, self)
         if plan is None:
+            self._drop_ahead()
             if reason and not self._daskvec_warned:
                 self._daskvec_warned = True
                 warnings.warn(
@@ -348,7 +395,32 @@ class _WorkerRollouts(OnPolicyAlgorithm):
                     stacklevel=2,
                 )
             return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-        return self._collect_on_workers(plan, env, callback, rollout_buffer, n_rollout_steps)
+        try:
+            return self._collect_on_workers(plan, env, callback, rollout_buffer, n_rollout_steps)
+        finally:
+            self._daskvec_returned = time.perf_counter()
+
+    def _send_rollout(self, plan: RolloutPlan, n_steps: int) -> _Ahead:
+        """Ship the current weights and start a rollout on the workers, from the learner's last observations."""
+        if self._daskvec_shipment is None:
+            self._daskvec_shipment = PolicyShipment()
+        frozen = _NormalizeSnapshot(plan.normalize)
+        # the policy's input before step 0; with a VecNormalize, the observations below it
+        # normalised with this rollout's frozen statistics
+        obs: Any = self._last_obs if plan.normalize is None else plan.seen(plan.normalize.old_obs, frozen)
+        # the workers' sampling seed, drawn from the learner's torch stream (seeded by ``seed=``)
+        seed = int(th.randint(0, 2**31 - 1, (1,)).item())
+        shipment = self._daskvec_shipment.update(self.policy, seed)
+        pending = plan.venv.start_rollout(shipment, n_steps, frozen.obs, plan.pipeline(obs))
+        return _Ahead(plan.venv, n_steps, pending, frozen, obs, self._n_updates)
+
+    def _drop_ahead(self) -> None:
+        """Finish and drop a rollout collected ahead that will not be trained on (the env or its size changed)."""
+        ahead, self._daskvec_ahead = self._daskvec_ahead, None
+        if ahead is None or ahead.venv.closed:
+            return
+        logger.warning("%s: dropping the rollout collected ahead: the env or n_steps changed", type(self).__name__)
+        ahead.venv.finish_rollout(ahead.pending)
 
     def _collect_on_workers(
         self,
@@ -362,16 +434,19 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         self.policy.set_training_mode(False)
         rollout_buffer.reset()
         callback.on_rollout_start()
-        if self._daskvec_shipment is None:
-            self._daskvec_shipment = PolicyShipment()
-        frozen = _NormalizeSnapshot(plan.normalize)
-        # the policy's input before step 0; with a VecNormalize, the observations below it
-        # normalised with this rollout's frozen statistics
-        obs: Any = self._last_obs if plan.normalize is None else plan.seen(plan.normalize.old_obs, frozen)
-        # the workers' sampling seed, drawn from the learner's torch stream (seeded by ``seed=``)
-        seed = int(th.randint(0, 2**31 - 1, (1,)).item())
-        shipment = self._daskvec_shipment.update(self.policy, seed)
-        rollout = plan.venv.collect_rollout(shipment, n_rollout_steps, frozen.obs, plan.pipeline(obs))
+        ahead = self._daskvec_ahead
+        if ahead is not None and (ahead.venv is not plan.venv or ahead.n_steps != n_rollout_steps):
+            self._drop_ahead()
+        ahead, self._daskvec_ahead = self._daskvec_ahead, None
+        if ahead is None:
+            ahead = self._send_rollout(plan, n_rollout_steps)
+        waiting = time.perf_counter()
+        rollout = plan.venv.finish_rollout(ahead.pending)
+        self._daskvec_envs_done, envs_idle = time.perf_counter(), self._envs_idle(ahead)
+        self._record_overlap(ahead, rollout, waiting, envs_idle)
+        # the learner trained since the weights were shipped: one policy version behind
+        lag = int(self._n_updates > ahead.updates)
+        frozen, obs = ahead.frozen, ahead.obs
         self._fill_missing(rollout, obs)
         replay = _Replay(plan, frozen)
         n_steps = 0
@@ -394,16 +469,58 @@ class _WorkerRollouts(OnPolicyAlgorithm):
             n_steps += 1
             if isinstance(self.action_space, spaces.Discrete):
                 actions = actions.reshape(-1, 1)
-            self._bootstrap(rollout, t, step, rewards)
+            self._bootstrap(rollout, t, step, rewards, workers_values=not lag)
             rollout_buffer.add(obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
             self._last_obs = obs = new_obs
             self._last_episode_starts = dones
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
+        if lag:
+            # advantages from the value function being trained, as for the last step's bootstrap
+            # (docs/rollouts.md, "Collecting ahead"); the ratio stays against the behaviour policy's
+            # own log-probabilities, which the workers recorded
+            self._revalue(rollout_buffer)
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
+        self._record_lag(lag)
+        # a next rollout only if learn() will ask for it: a run that ends leaves nothing in flight
+        if self.collect_ahead and self.num_timesteps < self._total_timesteps:
+            self._daskvec_ahead = self._send_rollout(plan, n_rollout_steps)
         return True
+
+    def _envs_idle(self, ahead: _Ahead) -> float:
+        """Seconds the envs stood still between the last collection's end and this one's start."""
+        if self._daskvec_envs_done is None:
+            return 0.0
+        return max(ahead.pending.collection.sent - self._daskvec_envs_done, 0.0)
+
+    def _record_overlap(self, ahead: _Ahead, rollout: Rollout, waiting: float, envs_idle: float) -> None:
+        """Who waited for whom in this rollout, for SB3's logger (``daskvec/*``)."""
+        now = time.perf_counter()
+        self.logger.record("daskvec/learner_wait_s", now - waiting)
+        if self._daskvec_returned is not None:
+            self.logger.record("daskvec/learner_busy_s", waiting - self._daskvec_returned)
+        self.logger.record("daskvec/envs_busy_s", rollout.env_seconds + rollout.policy_seconds)
+        self.logger.record("daskvec/envs_idle_s", envs_idle)
+
+    def _record_lag(self, lag: int) -> None:
+        """The policy lag of this rollout, and the least and greatest of the run, for SB3's logger."""
+        low, high = self._daskvec_lags or (lag, lag)
+        self._daskvec_lags = (min(low, lag), max(high, lag))
+        self.logger.record_mean("daskvec/policy_lag_mean", lag)
+        self.logger.record("daskvec/policy_lag_min", self._daskvec_lags[0])
+        self.logger.record("daskvec/policy_lag_max", self._daskvec_lags[1])
+
+    def _revalue(self, buffer: RolloutBuffer) -> None:
+        """Replace the buffer's values with the learner's current value function's."""
+        steps, n_envs = buffer.buffer_size, buffer.n_envs
+        obs: Any = buffer.observations
+        with th.no_grad():
+            for t in range(steps):
+                at_t = {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
+                values = self.policy.predict_values(obs_as_tensor(at_t, self.device))
+                buffer.values[t] = values.cpu().numpy().reshape(n_envs)
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The actions the envs were given (as SB3's loop computes them; for ``locals``)."""
@@ -423,8 +540,14 @@ class _WorkerRollouts(OnPolicyAlgorithm):
             actions, values, log_probs = self.policy(obs_as_tensor(lost, self.device))
         rollout.fill_first(actions.cpu().numpy(), values.cpu().numpy(), log_probs.cpu().numpy())
 
-    def _bootstrap(self, rollout: Rollout, t: int, step: _Replayed, rewards: np.ndarray) -> None:
-        """``reward += gamma * V(terminal_obs)`` for truncated episodes (SB3 issue 633)."""
+    def _bootstrap(
+        self, rollout: Rollout, t: int, step: _Replayed, rewards: np.ndarray, workers_values: bool = True
+    ) -> None:
+        """``reward += gamma * V(terminal_obs)`` for truncated episodes (SB3 issue 633).
+
+        ``workers_values``: use the value the worker computed with the shipped policy;
+        otherwise (a rollout collected ahead) the learner's current value function's.
+        """
         infos = step.infos
         for idx, done in enumerate(step.dones):
             if not (
@@ -433,7 +556,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
                 and infos[idx].get("TimeLimit.truncated", False)
             ):
                 continue
-            value = rollout.terminal_value(t, idx)
+            value = rollout.terminal_value(t, idx) if workers_values else None
             if value is not None:
                 terminal_value = th.tensor([value], dtype=th.float32)
             else:  # a truncation the worker did not see (a lost or moved env)
@@ -454,6 +577,19 @@ class DaskPPO(_WorkerRollouts, PPO):
     as PPO's own loop fills it, and the wrappers are left as PPO's loop leaves them.
     Otherwise it is PPO (with one warning when a DaskVecEnv is under unsupported
     wrappers or ``use_sde=True``). See :mod:`daskvec.learners.on_policy` and docs/rollouts.md.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        ``PPO``'s own.
+    collect_ahead : {0, 1}, default 0
+        ``1``: the workers collect the next rollout while the learner trains on this
+        one, with the weights shipped before that training (the learner trains
+        pi_{k+1} on data of pi_k: a policy lag of one version, never
+        more). The importance ratio is taken against the log-probabilities the workers
+        recorded, and the advantages are computed with the learner's current value
+        function. ``0``: each rollout is collected after training on the one before,
+        as PPO does (docs/rollouts.md, "Collecting ahead").
 
     Examples
     --------
