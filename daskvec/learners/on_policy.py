@@ -28,7 +28,6 @@ The off-policy learners :class:`DaskSAC`, :class:`DaskTD3`, :class:`DaskDDPG` an
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,9 +53,9 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 from stable_baselines3.common.vec_env.stacked_observations import StackedObservations
 
 from daskvec._core.rollouts import PolicyShipment, Rollout
+from daskvec.learners.ahead import Ahead, CollectAhead
 from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 from daskvec.protocol.rollout_records import FrameStack, ObsPipeline, TransposeImage
-from daskvec.sb3.replay import PendingRollout
 from daskvec.sb3.vec_env import DaskVecEnv
 from daskvec.worker.obs import normalize_obs
 
@@ -323,58 +322,14 @@ def _copy_info(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_collect_ahead(collect_ahead: Any) -> int:
-    """``collect_ahead`` checked: how many collections may run ahead of the learner (0 or 1)."""
-    if isinstance(collect_ahead, bool) or not isinstance(collect_ahead, (int, np.integer)):
-        raise TypeError(f"collect_ahead must be 0 or 1 (an int), not {type(collect_ahead).__name__}")
-    if collect_ahead not in (0, 1):
-        raise ValueError(
-            f"collect_ahead={collect_ahead}: 0 collects each rollout after training on the one before, "
-            "1 collects the next rollout while the learner trains; more than one rollout ahead is not supported"
-        )
-    return int(collect_ahead)
-
-
-@dataclass(eq=False)
-class _Ahead:
-    """A rollout sent to the workers before the learner trained: what its replay needs, kept from its start."""
-
-    venv: DaskVecEnv
-    n_steps: int
-    pending: PendingRollout
-    frozen: _NormalizeSnapshot
-    #: the policy's input at the rollout's first step
-    obs: Any
-    #: the learner's gradient steps (``_n_updates``) when the weights were shipped
-    updates: int
-
-
-class _WorkerRollouts(OnPolicyAlgorithm):
+class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
     """``collect_rollouts`` on the workers when the env allows it (see the module doc)."""
 
     _daskvec_shipment: PolicyShipment | None = None
     _daskvec_warned: bool = False
-    #: the rollout collected while the learner trains (``collect_ahead=1``)
-    _daskvec_ahead: _Ahead | None = None
-    #: when the last ``collect_rollouts`` returned, and when its workers' fragments were all in
-    _daskvec_returned: float | None = None
-    _daskvec_envs_done: float | None = None
-    _daskvec_lags: tuple[int, int] | None = None  # the least and greatest policy lag of the run
-    collect_ahead: int = 0
-
-    def __init__(self, *args: Any, collect_ahead: int = 0, **kwargs: Any) -> None:
-        self.collect_ahead = check_collect_ahead(collect_ahead)
-        super().__init__(*args, **kwargs)
 
     def _excluded_save_params(self) -> list[str]:
-        return [
-            *super()._excluded_save_params(),
-            "_daskvec_shipment",
-            "_daskvec_warned",
-            "_daskvec_ahead",
-            "_daskvec_returned",
-            "_daskvec_envs_done",
-        ]
+        return [*super()._excluded_save_params(), "_daskvec_shipment", "_daskvec_warned"]
 
     def collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
@@ -398,9 +353,9 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         try:
             return self._collect_on_workers(plan, env, callback, rollout_buffer, n_rollout_steps)
         finally:
-            self._daskvec_returned = time.perf_counter()
+            self._returned()
 
-    def _send_rollout(self, plan: RolloutPlan, n_steps: int) -> _Ahead:
+    def _send_rollout(self, plan: RolloutPlan, n_steps: int) -> Ahead:
         """Ship the current weights and start a rollout on the workers, from the learner's last observations."""
         if self._daskvec_shipment is None:
             self._daskvec_shipment = PolicyShipment()
@@ -412,15 +367,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         seed = int(th.randint(0, 2**31 - 1, (1,)).item())
         shipment = self._daskvec_shipment.update(self.policy, seed)
         pending = plan.venv.start_rollout(shipment, n_steps, frozen.obs, plan.pipeline(obs))
-        return _Ahead(plan.venv, n_steps, pending, frozen, obs, self._n_updates)
-
-    def _drop_ahead(self) -> None:
-        """Finish and drop a rollout collected ahead that will not be trained on (the env or its size changed)."""
-        ahead, self._daskvec_ahead = self._daskvec_ahead, None
-        if ahead is None or ahead.venv.closed:
-            return
-        logger.warning("%s: dropping the rollout collected ahead: the env or n_steps changed", type(self).__name__)
-        ahead.venv.finish_rollout(ahead.pending)
+        return Ahead(plan.venv, n_steps, pending, frozen, obs=obs, updates=self._n_updates)
 
     def _collect_on_workers(
         self,
@@ -434,19 +381,9 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         self.policy.set_training_mode(False)
         rollout_buffer.reset()
         callback.on_rollout_start()
-        ahead = self._daskvec_ahead
-        if ahead is not None and (ahead.venv is not plan.venv or ahead.n_steps != n_rollout_steps):
-            self._drop_ahead()
-        ahead, self._daskvec_ahead = self._daskvec_ahead, None
-        if ahead is None:
-            ahead = self._send_rollout(plan, n_rollout_steps)
-        waiting = time.perf_counter()
-        rollout = plan.venv.finish_rollout(ahead.pending)
-        self._daskvec_envs_done, envs_idle = time.perf_counter(), self._envs_idle(ahead)
-        self._record_overlap(ahead, rollout, waiting, envs_idle)
-        # the learner trained since the weights were shipped: one policy version behind
-        lag = int(self._n_updates > ahead.updates)
-        frozen, obs = ahead.frozen, ahead.obs
+        arrived = self._arrive(plan.venv, n_rollout_steps, lambda: self._send_rollout(plan, n_rollout_steps))
+        rollout, lag = arrived.rollout, arrived.lag
+        frozen, obs = arrived.ahead.frozen, arrived.ahead.obs
         self._fill_missing(rollout, obs)
         replay = _Replay(plan, frozen)
         n_steps = 0
@@ -476,51 +413,24 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
         if lag:
-            # advantages from the value function being trained, as for the last step's bootstrap
-            # (docs/rollouts.md, "Collecting ahead"); the ratio stays against the behaviour policy's
-            # own log-probabilities, which the workers recorded
+            # advantages from the value function being trained, as the last step's bootstrap
+            # is (docs/rollouts.md, "Collecting ahead"); the ratio stays against the behaviour
+            # policy's own log-probabilities, which the workers recorded
             self._revalue(rollout_buffer)
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
-        self._record_lag(lag)
-        # a next rollout only if learn() will ask for it: a run that ends leaves nothing in flight
-        if self.collect_ahead and self.num_timesteps < self._total_timesteps:
-            self._daskvec_ahead = self._send_rollout(plan, n_rollout_steps)
+        self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         return True
-
-    def _envs_idle(self, ahead: _Ahead) -> float:
-        """Seconds the envs stood still between the last collection's end and this one's start."""
-        if self._daskvec_envs_done is None:
-            return 0.0
-        return max(ahead.pending.collection.sent - self._daskvec_envs_done, 0.0)
-
-    def _record_overlap(self, ahead: _Ahead, rollout: Rollout, waiting: float, envs_idle: float) -> None:
-        """Who waited for whom in this rollout, for SB3's logger (``daskvec/*``)."""
-        now = time.perf_counter()
-        self.logger.record("daskvec/learner_wait_s", now - waiting)
-        if self._daskvec_returned is not None:
-            self.logger.record("daskvec/learner_busy_s", waiting - self._daskvec_returned)
-        self.logger.record("daskvec/envs_busy_s", rollout.env_seconds + rollout.policy_seconds)
-        self.logger.record("daskvec/envs_idle_s", envs_idle)
-
-    def _record_lag(self, lag: int) -> None:
-        """The policy lag of this rollout, and the least and greatest of the run, for SB3's logger."""
-        low, high = self._daskvec_lags or (lag, lag)
-        self._daskvec_lags = (min(low, lag), max(high, lag))
-        self.logger.record_mean("daskvec/policy_lag_mean", lag)
-        self.logger.record("daskvec/policy_lag_min", self._daskvec_lags[0])
-        self.logger.record("daskvec/policy_lag_max", self._daskvec_lags[1])
 
     def _revalue(self, buffer: RolloutBuffer) -> None:
         """Replace the buffer's values with the learner's current value function's."""
-        steps, n_envs = buffer.buffer_size, buffer.n_envs
         obs: Any = buffer.observations
         with th.no_grad():
-            for t in range(steps):
+            for t in range(buffer.buffer_size):
                 at_t = {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
                 values = self.policy.predict_values(obs_as_tensor(at_t, self.device))
-                buffer.values[t] = values.cpu().numpy().reshape(n_envs)
+                buffer.values[t] = values.cpu().numpy().reshape(buffer.n_envs)
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The actions the envs were given (as SB3's loop computes them; for ``locals``)."""

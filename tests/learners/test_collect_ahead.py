@@ -316,3 +316,149 @@ def test_worker_killed_while_a_rollout_is_collected_ahead(dask_processes: Any) -
     assert model.num_timesteps == 5 * 32 * N_ENVS
     assert witness.steps == 5 * 32
     assert sorted(witness.rebuilt) == sorted(victim["envs"]), "each lost env reported its rebuild once"
+
+
+# --------------------------------------------------------------------------- off-policy learners
+class BoxWitnessEnv(WitnessEnv):
+    """The witness with a continuous action (SAC, TD3, DDPG)."""
+
+    def __init__(self, index: int, delay: float = 0.0) -> None:
+        super().__init__(index, delay)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)  # type: ignore[assignment]
+
+
+def box_witness_fns(delay: float = 0.0) -> list[Any]:
+    return [lambda i=i: BoxWitnessEnv(i, delay) for i in range(N_ENVS)]
+
+
+class Actions(BaseCallback):
+    """At each collection's end: the actor's weights, and the actions it stored with their observations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collections: list[dict[str, Any]] = []
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def _on_step(self) -> bool:
+        self.seen.append((np.copy(self.model._last_obs), np.copy(self.locals["buffer_actions"])))
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.collections.append({"actor": copy.deepcopy(self.model.actor.state_dict()), "steps": self.seen})
+        self.seen = []
+
+
+def td3(env: Any, **kw: Any) -> Any:
+    from daskvec.sb3 import DaskTD3
+
+    return DaskTD3(
+        "MlpPolicy", env, train_freq=(4, "step"), gradient_steps=3, learning_starts=0, seed=2, device="cpu", **kw
+    )
+
+
+def actor_actions(model: Any, state: dict[str, Any], obs: np.ndarray) -> np.ndarray:
+    """The actor's scaled actions for ``obs`` under the weights ``state`` (TD3 without noise)."""
+    now = copy.deepcopy(model.actor.state_dict())
+    model.actor.load_state_dict(state)
+    try:
+        with th.no_grad():
+            return model.actor(obs_as_tensor(obs, "cpu")).numpy()
+    finally:
+        model.actor.load_state_dict(now)
+
+
+def test_off_policy_collections_ahead_use_the_actor_before_the_last_training(client2: Any) -> None:
+    """DaskTD3 (no noise: the buffer's actions are the actor's): collection k was acted by the actor
+    of collection k-1's end; the replay ratio is as configured, as in the synchronous mode."""
+    runs = {}
+    for ahead in (0, 1):
+        with DaskVecEnv(box_witness_fns(), client2) as env:
+            cb = Actions()
+            model = td3(env, collect_ahead=ahead)
+            model.learn(4 * N_ENVS * 5, callback=cb)
+            assert env.state is State.IDLE and model._daskvec_ahead is None
+            runs[ahead] = (model, cb.collections)
+    sync, ahead_run = runs[0], runs[1]
+    # the same replay ratio: 5 collections of 4 vec-steps, 3 gradient steps after each
+    assert sync[0].num_timesteps == ahead_run[0].num_timesteps == 5 * 4 * N_ENVS
+    assert sync[0]._n_updates == ahead_run[0]._n_updates == 5 * 3
+    model, collections = ahead_run
+    for k in range(1, len(collections)):
+        before = collections[k - 1]["actor"]
+        for t, (obs, stored) in enumerate(collections[k]["steps"]):
+            np.testing.assert_allclose(stored, actor_actions(model, before, obs), rtol=1e-5, atol=1e-6)
+            if t == 0:
+                assert not np.allclose(stored, actor_actions(model, collections[k]["actor"], obs), atol=1e-6), (
+                    f"collection {k}: acted by the actor that trained on it, not one version behind"
+                )
+    assert model._daskvec_lags == (0, 1)
+
+
+def test_a_seeded_dasksac_run_ahead_repeats_itself(client2: Any) -> None:
+    from daskvec.sb3 import DaskSAC
+
+    runs = []
+    for _ in range(2):
+        with DaskVecEnv(box_witness_fns(), client2) as env:
+            model = DaskSAC(
+                "MlpPolicy",
+                env,
+                train_freq=(4, "step"),
+                gradient_steps=2,
+                learning_starts=8,
+                seed=5,
+                device="cpu",
+                collect_ahead=1,
+            )
+            model.learn(4 * N_ENVS * 4)
+            assert model.replay_buffer is not None
+            runs.append(np.copy(model.replay_buffer.actions[: model.replay_buffer.pos]))
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+@pytest.mark.timeout(240)
+def test_worker_killed_while_a_dasksac_collection_runs_ahead(dask_processes: Any) -> None:
+    from daskvec.sb3 import DaskSAC
+
+    procs = dask_processes(2)
+    killed: dict[str, Any] = {}
+    witness = WitnessCheck()
+    with DaskVecEnv(box_witness_fns(delay=0.02), procs.address, step_timeout=30) as env:
+        victim = env.groups[0]
+        assert len({g["worker"] for g in env.groups}) == 2
+        model = DaskSAC(
+            "MlpPolicy",
+            env,
+            train_freq=(32, "step"),
+            gradient_steps=4,
+            learning_starts=0,
+            seed=1,
+            device="cpu",
+            collect_ahead=1,
+        )
+        train = model.train
+
+        def train_then_kill(*args: Any, **kwargs: Any) -> None:
+            killed["trains"] = killed.get("trains", 0) + 1
+            if killed["trains"] == 2:  # while the third collection runs ahead
+                timer = threading.Timer(0.2, os.kill, (victim["pid"], signal.SIGKILL))
+                timer.start()
+                timer.join()
+            train(*args, **kwargs)
+
+        model.train = train_then_kill  # type: ignore[method-assign]
+        model.learn(32 * N_ENVS * 5, callback=witness)
+        assert sorted(e["env"] for e in env.restart_log) == sorted(victim["envs"])
+        assert env.state is State.IDLE
+    assert model.num_timesteps == 5 * 32 * N_ENVS and witness.steps == 5 * 32
+    assert sorted(witness.rebuilt) == sorted(victim["envs"])
+    # every stored transition is one env's own: next_obs follows obs in the same env and episode
+    buf = model.replay_buffer
+    assert buf is not None
+    obs, nxt, dones = buf.observations[: buf.pos], buf.next_observations[: buf.pos], buf.dones[: buf.pos]
+    for t in range(buf.pos):
+        for i in range(N_ENVS):
+            a, b = triple(obs[t, 0, i] if obs.ndim == 4 else obs[t, i]), triple(nxt[t, i])
+            assert a[0] == b[0] == i, f"transition {t} env {i}: {a} -> {b} (a foreign env)"
+            if not dones[t, i]:
+                assert (b[1], b[2]) == (a[1], a[2] + 1), f"transition {t} env {i}: {a} -> {b} (stale or shifted)"
