@@ -111,7 +111,9 @@ class PolicyShipment:
                 ) from e
             self.version = next(_VERSIONS)
             self._policy = weakref.ref(policy)
-        self.state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
+        # copies on the CPU, whatever the learner's device: the workers get CPU weights, and a
+        # collection sent ahead is not changed by the training that runs while it travels
+        self.state = {k: v.detach().to("cpu", copy=True).numpy() for k, v in policy.state_dict().items()}
         return self
 
     def request(

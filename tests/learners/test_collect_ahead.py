@@ -462,3 +462,29 @@ def test_worker_killed_while_a_dasksac_collection_runs_ahead(dask_processes: Any
             assert a[0] == b[0] == i, f"transition {t} env {i}: {a} -> {b} (a foreign env)"
             if not dones[t, i]:
                 assert (b[1], b[2]) == (a[1], a[2] + 1), f"transition {t} env {i}: {a} -> {b} (stale or shifted)"
+
+
+# --------------------------------------------------------------------------- the learner's device
+def test_the_shipped_weights_are_a_cpu_copy_that_training_does_not_change() -> None:
+    """A collection sent ahead travels while the learner trains in place: it must carry a copy."""
+    from stable_baselines3 import PPO
+
+    from daskvec._core.rollouts import PolicyShipment
+
+    model = PPO("MlpPolicy", "CartPole-v1", device="cpu", seed=0)
+    shipment = PolicyShipment().update(model.policy, seed=1)
+    before = {k: v.copy() for k, v in shipment.state.items()}
+    with th.no_grad():
+        for p in model.policy.parameters():
+            p.add_(1.0)
+    for k, v in shipment.state.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=f"{k} changed with the learner's weights")
+
+
+@pytest.mark.skipif(not th.cuda.is_available(), reason="no CUDA device here: a GPU learner is checked where one is")
+def test_a_gpu_learner_with_cpu_workers(client2: Any) -> None:
+    with DaskVecEnv(witness_fns(), client2) as env:
+        model = DaskPPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, device="cuda", collect_ahead=1)
+        model.learn(16 * N_ENVS * 3)
+        assert model.device.type == "cuda" and model.num_timesteps == 16 * N_ENVS * 3
+        assert all(v.device.type == "cpu" for v in [th.as_tensor(a) for a in model._daskvec_shipment.state.values()])
