@@ -80,9 +80,20 @@ def materialize(commit: str, into: Path, repo: Path | None = None) -> str:
     with tarfile.open(tar_path) as tar:
         tar.extractall(into, filter="data")
     (into / "daskvec").rename(into / name)
-    for path in (into / name).rglob("*.py"):
-        text = path.read_text(encoding="utf-8")
-        path.write_text(_IMPORT.sub(lambda m: f"{m.group(1)} {name}", text), encoding="utf-8")
+    root = into / name
+    # modules named in strings (a Dask preload, say): those of two dots or more, which no
+    # config key ("daskvec.timeout") can be mistaken for
+    modules = {
+        ".".join(("daskvec", *p.relative_to(root).with_suffix("").parts))
+        for p in root.rglob("*.py")
+        if len(p.relative_to(root).parts) > 1 and p.stem != "__init__"
+    }
+    named = re.compile(r"([\"'])(" + "|".join(re.escape(m) for m in sorted(modules)) + r")\1") if modules else None
+    for path in root.rglob("*.py"):
+        text = _IMPORT.sub(lambda m: f"{m.group(1)} {name}", path.read_text(encoding="utf-8"))
+        if named is not None:
+            text = named.sub(lambda m: f"{m.group(1)}{name}{m.group(2)[len('daskvec') :]}{m.group(1)}", text)
+        path.write_text(text, encoding="utf-8")
     return name
 
 
@@ -108,12 +119,12 @@ def _vec_envs(base_cls: Any, scenario: str, n_envs: int) -> dict[str, Any]:
 
     from daskvec import DaskVecEnv
     from daskvec.bench.envs import make_envpool
-    from daskvec.bench.scenarios import Options, _cases
+    from daskvec.bench.scenarios import BenchOptions, _cases
 
     task = ENVPOOL_TASKS.get(scenario)
     frame_stack = 0
     if task is None:
-        (case,) = _cases(scenario, [n_envs], Options().heavy_step_s)
+        (case,) = _cases(scenario, [n_envs], BenchOptions().heavy_step_s)
         fns, frame_stack = [case.make] * n_envs, case.frame_stack
         makers: dict[str, Callable[[], Any]] = {"base": lambda: base_cls(fns), "head": lambda: DaskVecEnv(fns)}
     else:

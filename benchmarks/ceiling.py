@@ -68,9 +68,9 @@ def _window(env: Any, actions: np.ndarray, start: int, seconds: float) -> tuple[
 
 def _measure_dummy(case: Case, actions: np.ndarray, seconds: float, warmup: float, seed: int) -> float:
     from daskvec.bench.measure import _measure_case
-    from daskvec.bench.scenarios import Options
+    from daskvec.bench.scenarios import BenchOptions
 
-    res = _measure_case("dummy", case, actions, Options(seconds=seconds, warmup=warmup, seed=seed))
+    res = _measure_case("dummy", case, actions, BenchOptions(seconds=seconds, warmup=warmup, seed=seed))
     return float(res["steps_per_s"])
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from daskvec.bench.envs import action_cycle
 from daskvec.bench.measure import _median, _run_window, _Stepper
-from daskvec.bench.scenarios import _ACTION_CYCLE, Options, _cases
+from daskvec.bench.scenarios import _ACTION_CYCLE, BenchOptions, _cases
 from daskvec.monitoring.links import served_pages as bokeh_routes  # the Bokeh app routes a scheduler serves
 
 logger = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def _install_dashboard() -> str | None:
     return None
 
 
-def dashboard_entry(opts: Options, n_envs: int, route: str | None) -> dict[str, Any]:
+def dashboard_entry(opts: BenchOptions, n_envs: int, route: str | None) -> dict[str, Any]:
     """``daskvec bench --dashboard``: :func:`measure_dashboard`, or its error, as the results' ``dashboard``."""
     try:
         return measure_dashboard(opts, n_envs=n_envs, route=route)
@@ -187,7 +187,7 @@ def format_case(dash: dict[str, Any]) -> list[str]:
     ]
 
 
-def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) -> dict[str, Any]:
+def measure_dashboard(opts: BenchOptions, n_envs: int = 8, route: str | None = None) -> dict[str, Any]:
     """DaskVecEnv env-steps/s on CartPole-v1 with the daskvec dashboard page open vs closed.
 
     Alternates ``opts.repeat`` windows closed/open on one DaskVecEnv and reports the
@@ -243,7 +243,7 @@ def measure_dashboard(opts: Options, n_envs: int = 8, route: str | None = None) 
 
 
 def _alternate_windows(
-    stepper: _Stepper, actions: np.ndarray, pos: int, url: str, route: str, opts: Options, n_envs: int
+    stepper: _Stepper, actions: np.ndarray, pos: int, url: str, route: str, opts: BenchOptions, n_envs: int
 ) -> tuple[list[float], list[float], set[str], list[bool]]:
     """``opts.repeat`` timed windows with the page closed, each followed by one with the page open.
 

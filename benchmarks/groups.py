@@ -148,7 +148,7 @@ def measure_groups(
 def groups_cases(sizes: Sequence[int], opts: Any) -> Iterator[dict[str, Any]]:
     """One case per group count in ``sizes``, all on one cluster; yields each case when it is measured.
 
-    ``opts`` is the run's :class:`~daskvec.bench.scenarios.Options` (``seconds``,
+    ``opts`` is the run's :class:`~daskvec.bench.scenarios.BenchOptions` (``seconds``,
     ``steps``, ``warmup``, ``repeat``, ``seed``, ``scheduler``, ``transport``).
     """
     with _client(opts.scheduler) as client:

@@ -6,7 +6,7 @@ reported with its env-steps/s, time to first step, memory per env and their rati
 ``SubprocVecEnv``, in a dict (:func:`run_benchmark`), a table, JSON and a PNG chart.
 docs/benchmark.md describes the scenarios, the figures and the JSON.
 
-Its modules, in the order a run uses them: ``envs``, ``scenarios`` (with :class:`Options`),
+Its modules, in the order a run uses them: ``envs``, ``scenarios`` (with :class:`BenchOptions`),
 ``measure``, ``machine``, ``driver``, ``report``, ``command``; ``source`` runs the benchmarks
 of the source repository's ``benchmarks/`` from a checkout.
 
@@ -22,7 +22,7 @@ from daskvec.bench.envs import BusyEnv, ImageEnv, action_cycle, burn_cpu
 from daskvec.bench.machine import machine_info
 from daskvec.bench.measure import process_memory
 from daskvec.bench.report import format_table, plot_results, write_results
-from daskvec.bench.scenarios import BASELINE, DEFAULT_ENVS, LABELS, SCENARIOS, VEC_ENVS, Case, Options
+from daskvec.bench.scenarios import BASELINE, DEFAULT_ENVS, LABELS, SCENARIOS, VEC_ENVS, BenchOptions, Case
 
 __all__ = [
     "BASELINE",
@@ -34,7 +34,7 @@ __all__ = [
     "BusyEnv",
     "Case",
     "ImageEnv",
-    "Options",
+    "BenchOptions",
     "action_cycle",
     "add_arguments",
     "burn_cpu",

@@ -13,7 +13,7 @@ from typing import Any
 from daskvec.bench import source
 from daskvec.bench.driver import run_benchmark
 from daskvec.bench.report import format_table
-from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS, Options
+from daskvec.bench.scenarios import SCENARIOS, VEC_ENVS, BenchOptions
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -253,7 +253,9 @@ def run(args: argparse.Namespace) -> int:
             if asked is not None:  # run by benchmarks/command.py, from a source checkout
                 command = source.module(asked, "command")
                 return int(command.run_tls(args) if asked == "--tls" else command.run_own(args))
-            settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if hasattr(args, f.name)}
+            settings = {
+                f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions) if hasattr(args, f.name)
+            }
             results = run_benchmark(
                 args.scenario,
                 args.vec_envs,

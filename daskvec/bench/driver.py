@@ -26,8 +26,8 @@ from daskvec.bench.scenarios import (
     SCENARIOS,
     VEC_ENVS,
     WORKLOADS,
+    BenchOptions,
     Case,
-    Options,
     _cases,
     missing_packages,
 )
@@ -71,7 +71,7 @@ def run_benchmark(
     out_dir, plot
         Write ``bench-<timestamp>.json`` (and a PNG chart when ``plot``) and ``latest.*`` there.
     **settings
-        The fields of :class:`Options` (``seconds``, ``steps``, ``repeat``, ``scheduler``, ...).
+        The fields of :class:`BenchOptions` (``seconds``, ``steps``, ``repeat``, ``scheduler``, ...).
 
     Returns
     -------
@@ -86,7 +86,7 @@ def run_benchmark(
         :class:`~daskvec.bench.source.InSourceOnly` for a benchmark of the source repository
         asked of an installed wheel.
     """
-    opts = Options(**settings)
+    opts = BenchOptions(**settings)
     chosen, kinds = _check_selection(scenarios, vec_envs, n_envs, dashboard)
     _prepare_imports(kinds)
     started = time.perf_counter()
@@ -125,7 +125,7 @@ def _check_selection(
 
 
 def _new_results(
-    opts: Options, chosen: list[str], kinds: list[str], n_envs: Sequence[int] | None, dashboard: bool
+    opts: BenchOptions, chosen: list[str], kinds: list[str], n_envs: Sequence[int] | None, dashboard: bool
 ) -> dict[str, Any]:
     """The results of a run before any case: machine, settings, and ``complete`` still ``False``."""
     return {
@@ -157,7 +157,7 @@ def _save(
         write_results(results, out_dir, plot=plot, stamp=stamp)
 
 
-def _scenario_cases(scenario: str, sizes: list[int], kinds: list[str], opts: Options) -> Iterator[dict[str, Any]]:
+def _scenario_cases(scenario: str, sizes: list[int], kinds: list[str], opts: BenchOptions) -> Iterator[dict[str, Any]]:
     """Measure one scenario's cases on every vec env, yielding each case as it is done."""
     missing = missing_packages(scenario)
     if missing:  # a workload whose packages are absent: said once, nothing else fails
@@ -198,7 +198,7 @@ def _measure_kinds(
             case_out["results"][kind] = {"error": f"{type(e).__name__}: {e}"}
 
 
-def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = False) -> dict[str, Any]:
+def _training_case(n: int, kinds: list[str], opts: BenchOptions, contention: bool = False) -> dict[str, Any]:
     """PPO with ``n`` envs on every SB3 vec env, with the ratios.
 
     ``contention``: PPO for ``opts.contention_timesteps`` while :data:`CONTENTION_BUSY`
@@ -228,7 +228,7 @@ def _training_case(n: int, kinds: list[str], opts: Options, contention: bool = F
     return case_out
 
 
-def _stepping_case(case: Case, kinds: list[str], opts: Options) -> dict[str, Any]:
+def _stepping_case(case: Case, kinds: list[str], opts: BenchOptions) -> dict[str, Any]:
     """Step ``case`` on every vec env with the same seeded actions, with the ratios."""
     probe_env = case.make()
     actions = action_cycle(probe_env.action_space, case.n_envs, _ACTION_CYCLE, opts.seed)

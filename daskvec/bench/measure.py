@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from daskvec.bench.envs import busy_loop
-from daskvec.bench.scenarios import LABELS, Case, Options, _make_vec
+from daskvec.bench.scenarios import LABELS, BenchOptions, Case, _make_vec
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def _run_window(
     return n, time.perf_counter() - t0
 
 
-def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: Options) -> dict[str, Any]:
+def _measure_once(kind: str, case: Case, actions: np.ndarray, opts: BenchOptions) -> dict[str, Any]:
     """Build, reset, first-step, warm up, time and close one vec env."""
     probe = _MemoryProbe()
     fns = [case.make for _ in range(case.n_envs)]
@@ -270,7 +270,7 @@ def _summary(runs: list[dict[str, Any]], medians: Sequence[str], lists: dict[str
     return out
 
 
-def _measure_case(kind: str, case: Case, actions: np.ndarray, opts: Options) -> dict[str, Any]:
+def _measure_case(kind: str, case: Case, actions: np.ndarray, opts: BenchOptions) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for r in range(opts.repeat):
         logger.info("bench %s: %s, run %d/%d", case.name, LABELS[kind], r + 1, opts.repeat)
@@ -282,7 +282,7 @@ def _measure_case(kind: str, case: Case, actions: np.ndarray, opts: Options) -> 
     )
 
 
-def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
+def _measure_training(kind: str, n_envs: int, opts: BenchOptions) -> dict[str, Any]:
     """PPO on CartPole-v1: wall time from construction to the end of ``learn``, then evaluate."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.evaluation import evaluate_policy
@@ -327,7 +327,7 @@ def _measure_training(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
     }
 
 
-def _measure_training_case(kind: str, n_envs: int, opts: Options) -> dict[str, Any]:
+def _measure_training_case(kind: str, n_envs: int, opts: BenchOptions) -> dict[str, Any]:
     runs = [_measure_training(kind, n_envs, opts) for _ in range(opts.repeat)]
     return _summary(runs, ("wall_s", "steps_per_s"), {"wall_runs": "wall_s", "mean_reward_runs": "mean_reward"})
 

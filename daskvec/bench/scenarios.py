@@ -22,7 +22,7 @@ __all__ = [
     "VEC_ENVS",
     "WORKLOADS",
     "Case",
-    "Options",
+    "BenchOptions",
     "missing_packages",
 ]
 
@@ -151,7 +151,7 @@ def _cases(scenario: str, sizes: Sequence[int], heavy_step_s: float) -> list[Cas
 
 
 @dataclass
-class Options:
+class BenchOptions:
     """Settings of one benchmark run: ``daskvec bench``'s options of the same names (docs/benchmark.md).
 
     Besides them: ``training_timesteps`` (``--timesteps``), ``heavy_step_s`` (CPU seconds per
@@ -190,7 +190,7 @@ class Options:
         return {"client": self.scheduler, "transport": self.transport, "env_process": self.env_process}
 
 
-def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: Options, case: Case | None = None) -> Any:
+def _make_vec(kind: str, fns: list[Callable[[], Any]], opts: BenchOptions, case: Case | None = None) -> Any:
     """Build the vec env of ``kind`` for ``fns`` (for the EnvPool kinds, ``case``'s EnvPool task).
 
     Each kind's package is imported here, when it is used: an import during a measurement

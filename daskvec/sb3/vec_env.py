@@ -55,7 +55,7 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class _ReplyWriter:
+class _BuffersAndMasks:
     """Writes replies and rebuilt envs into the step buffers and the action-mask cache, together.
 
     It is the :class:`~daskvec._core.engine.RebuildReporter` of :meth:`Engine.finish
@@ -260,7 +260,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self.env_fns, self.client, self.options = engine.env_fns, engine.client, engine.options
         self._buffers = StepBuffers(engine.observation_space, engine.n_envs)
         self._masks = ActionMaskCache(engine.n_envs)
-        self._writer = _ReplyWriter(self._buffers, self._masks)
+        self._writer = _BuffersAndMasks(self._buffers, self._masks)
         self._state, self._interrupted = State.IDLE, False  # _interrupted: a step_wait() cut short by Ctrl-C
         self._collecting: PendingRollout | None = None  # the collection start_rollout() sent, in COLLECTING
         super().__init__(engine.n_envs, engine.observation_space, engine.action_space)  # asks the envs for render_mode

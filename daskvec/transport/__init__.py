@@ -26,8 +26,9 @@ moves each step's data. There are two channels with one interface:
     by whatever Dask's own comms use.
 
 Both channels carry the same messages (:mod:`daskvec.protocol.messages`), encoded by
-:func:`encode` and decoded by :func:`decode`: a request is ``(Command, args)``, a reply
-the command's value or a :class:`~daskvec.protocol.messages.RemoteError`. The worker side
+:func:`encode` and decoded by :func:`decode`: a request is a
+:class:`~daskvec.protocol.messages.StepRequest` or ``(Command, args)``, a reply the request's
+value or a :class:`~daskvec.protocol.messages.RemoteError`. The worker side
 (:mod:`daskvec.worker`) produces replies; the client side (:mod:`daskvec._core.pool`) sends
 requests and waits for replies with :func:`iter_replies`, one wait for all groups per step.
 """

@@ -448,7 +448,7 @@ def test_the_benchmarks_of_the_source_repository_asked_of_a_wheel(
         bench.run_benchmark(settle=0.0, scenarios=["light", "gym-faces"])
     chosen, _ = driver._check_selection(["all"], ["dask"])
     assert {"gym-faces", "straggler", "groups"} <= set(chosen)  # "all" does not fail: they are skipped
-    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.Options())
+    (case,) = driver._scenario_cases("straggler", [16], ["dask"], bench.BenchOptions())
     assert case["results"] == {} and "source repository" in case["skipped"]
     assert "straggler    skipped: a benchmark of the source repository" in bench.format_table(
         {"cases": [case], "machine": {"cpu": "x", "cores_usable": 1, "memory_gb": 1, "python": "3"}}
@@ -741,7 +741,7 @@ def test_wait_idle_waits_while_every_core_is_busy_and_not_at_all_when_off() -> N
         waited, idle = wait_idle(1.0)
         assert not idle and waited >= 1.0  # the CPUs never went idle: it waited its whole budget
     with pytest.raises(ValueError, match="settle must be 0"):
-        bench.Options(settle=-1.0)
+        bench.BenchOptions(settle=-1.0)
 
 
 def test_timeline_split_lines_up_the_client_and_worker_stamps() -> None:
