@@ -141,7 +141,7 @@ def _run_case(
     from stable_baselines3.common.callbacks import BaseCallback
 
     env_id = CASES[case][0]
-    threshold = THRESHOLDS[env_id] if threshold is None else threshold
+    goal: float = THRESHOLDS[env_id] if threshold is None else threshold
     curve: list[tuple[float, int, float]] = []
     paused = [0.0]
     started = time.perf_counter()
@@ -160,14 +160,14 @@ def _run_case(
             score = _evaluate(self.model, env_id, eval_episodes, seed=10_000 + seed)
             paused[0] += time.perf_counter() - t0
             curve.append((elapsed, self.num_timesteps, score))
-            return score < threshold
+            return score < goal
 
     model = _make_model(case, seed, env_delay, client)
     try:
         model.learn(max_steps, callback=_Evaluate())
     finally:
         model.get_env().close()
-    reached = next((c for c in curve if c[2] >= threshold), None)
+    reached = next((c for c in curve if c[2] >= goal), None)
     return {
         "case": case,
         "seed": seed,
