@@ -99,20 +99,42 @@ class CollectAhead(BaseAlgorithm):
         if ahead is not None and (ahead.venv is not venv or ahead.n_steps != n_steps):
             self._drop_ahead()
         ahead, self._daskvec_ahead = self._daskvec_ahead, None
+        asked = time.perf_counter()
         if ahead is None:
             ahead = send()
         waiting = time.perf_counter()
         rollout = venv.finish_rollout(ahead.pending)
         now = time.perf_counter()
         idle = 0.0 if self._daskvec_envs_done is None else ahead.pending.collection.sent - self._daskvec_envs_done
-        self._daskvec_envs_done = now
         self.logger.record("daskvec/learner_wait_s", now - waiting)
         if self._daskvec_returned is not None:
             self.logger.record("daskvec/learner_busy_s", waiting - self._daskvec_returned)
         self.logger.record("daskvec/envs_busy_s", rollout.env_seconds + rollout.policy_seconds)
         self.logger.record("daskvec/envs_idle_s", max(idle, 0.0))
+        self._draw(venv, ahead, rollout, asked, now)
         # the learner trained since the weights were shipped: one policy version behind
         return Arrived(ahead, rollout, int(self._n_updates > ahead.updates))
+
+    def _draw(self, venv: DaskVecEnv, ahead: Ahead, rollout: Rollout, asked: float, now: float) -> None:
+        """Add this rollout's intervals to the vec env's timeline, which the dashboard draws.
+
+        The envs collect from the send for the busiest group's time in its envs and policy:
+        a collection sent ahead is read only after training, however early it was done, and
+        the picture must show the envs standing still then. The learner replayed the last
+        rollout until ``collect_rollouts`` returned, trained until it asked for this one
+        (at ``asked``), and waited from then on: for a collection not sent ahead, its
+        sending too.
+        """
+        timeline = venv.timer.timeline
+        sent = ahead.pending.collection.sent
+        timeline.add("collecting", sent, min(now, sent + rollout.env_seconds + rollout.policy_seconds))
+        done, returned = self._daskvec_envs_done, self._daskvec_returned
+        if returned is not None:
+            if done is not None and done <= returned:
+                timeline.add("replaying", done, returned)
+            timeline.add("training", returned, asked)
+        timeline.add("waiting", asked, now)
+        self._daskvec_envs_done = now
 
     def _send_ahead(self, lag: int, send: Callable[[], Ahead]) -> None:
         """Record the lag of the collection just replayed; send the next one if ``learn()`` will read it."""
