@@ -218,7 +218,8 @@ class Timeline(DashboardComponent):
             {"row": [], "kind": [], "label": [], "start": [], "end": [], "seconds": [], "color": []},
             name="daskvec-timeline",
         )
-        rows = sorted(set(TIMELINE_ROWS.values()))  # the learner at the bottom, the envs above it
+        # a categorical axis lists its factors upwards: the learner at the bottom, the envs above
+        rows = sorted(set(TIMELINE_ROWS.values()), reverse=True)
         self.root = figure(
             title="Collection against learning",
             x_axis_type="datetime",
