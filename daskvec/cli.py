@@ -121,6 +121,15 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="torch device for the agent (default: cpu)")
     parser.add_argument(
+        "--collect-ahead",
+        type=int,
+        choices=(0, 1),
+        default=None,
+        help="collect on the workers with daskvec's learner (DaskPPO, DaskA2C, DaskDQN, DaskSAC): 0 collects "
+        "each rollout after training on the one before, 1 collects the next while the learner trains "
+        "(default: SB3's own algorithm, stepping the vec env)",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="show neither the progress bar nor the progress lines"
     )
     parser.add_argument(
@@ -240,7 +249,14 @@ def _policy_for(observation_space: Any) -> str:
     return "MultiInputPolicy" if isinstance(observation_space, gym.spaces.Dict) else "MlpPolicy"
 
 
-def _algo_class(name: str) -> Any:
+def _algo_class(name: str, on_workers: bool = False) -> Any:
+    """SB3's algorithm ``name``, or daskvec's learner of it that collects on the workers."""
+    if on_workers:
+        from daskvec import sb3 as learners
+
+        return {"ppo": learners.DaskPPO, "a2c": learners.DaskA2C, "dqn": learners.DaskDQN, "sac": learners.DaskSAC}[
+            name
+        ]
     import stable_baselines3 as sb3
 
     return {"ppo": sb3.PPO, "a2c": sb3.A2C, "dqn": sb3.DQN, "sac": sb3.SAC}[name]
@@ -338,13 +354,15 @@ def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[
 
     from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 
-    model = _algo_class(args.algo)(
+    ahead = {} if args.collect_ahead is None else {"collect_ahead": args.collect_ahead}
+    model = _algo_class(args.algo, on_workers=bool(ahead))(
         _policy_for(env.observation_space),
         env,
         device=args.device,
         seed=args.seed,
         verbose=0,
         tensorboard_log=args.tensorboard_log,
+        **ahead,
         **dict(args.hyperparams),
     )
     terminal = sys.stdout.isatty()

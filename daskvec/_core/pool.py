@@ -448,16 +448,23 @@ class GroupPool:
         for g in groups:
             self._pending.pop(g.gid, None)
 
-    def close(self, abandon: bool = False) -> None:
+    def close(self, abandon: bool = False, abandon_in_flight: bool = False) -> None:
         """Release every group: those with a request in flight that does not end in time are dropped.
 
         ``abandon``: ask no group anything (the cluster is gone): drop them all at once.
+        ``abandon_in_flight``: drop the groups with a request in flight at once, without
+        waiting for it to end.
         """
         if abandon:
             self._pending.clear()
             self.teardown(list(self.groups), graceful=False)
             return
         waiting = [f.group for f in self._pending.values() if f.waiting]
+        if abandon_in_flight:
+            self._pending.clear()
+            self.teardown(waiting, graceful=False)
+            self.teardown(list(self.groups), graceful=True)
+            return
         deadline = time.monotonic() + min(self.options.step_timeout, 30.0)
         late = sorted(i for g in _unanswered(waiting, min(deadline - time.monotonic(), 1.0)) for i in g.env_indices)
         if late:  # a Ctrl-C'd step or rollout: say why close() waits

@@ -338,3 +338,29 @@ def test_a_model_that_cannot_be_made_fails_cleanly(
     assert cli.main(["train", "CartPole-v1", *common, "--algo", "sac"]) == 1
     err = capsys.readouterr().err
     assert "cannot create SAC for CartPole-v1 (--hyperparams: none): AssertionError: " in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+def test_train_collects_ahead_on_the_workers(tmp_path: Path) -> None:
+    """``--collect-ahead 1``: DaskPPO collects the next rollout while it trains; the saved model says so."""
+    model = tmp_path / "model.zip"
+    proc = run_cli(
+        [
+            *("train", "CartPole-v1", "--timesteps", "1024", "--n-envs", "4", "--collect-ahead", "1"),
+            *("--eval-episodes", "0", "--no-progress", "--save", str(model), *SMALL_PPO),
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^trained PPO for 1024 env steps", proc.stdout, re.M), proc.stdout
+    from daskvec.sb3 import DaskPPO
+
+    loaded = DaskPPO.load(model, device="cpu")
+    assert loaded.collect_ahead == 1 and loaded.num_timesteps == 1024
+
+
+def test_parser_refuses_a_collect_ahead_of_two(restore_daskvec_logger: Any) -> None:
+    assert cli.build_parser().parse_args(["train", "CartPole-v1", "--collect-ahead", "1"]).collect_ahead == 1
+    assert cli.build_parser().parse_args(["train", "CartPole-v1"]).collect_ahead is None
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "CartPole-v1", "--collect-ahead", "2"])
