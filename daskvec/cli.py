@@ -482,6 +482,8 @@ def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
         or the cluster refused them.
     """
     try:
+        import rl_zoo3  # noqa: F401  # daskvec.learners.zoo imports it only when the zoo runs
+
         from daskvec.learners.zoo import train_zoo
     except ImportError as e:
         print(f'daskvec zoo needs rl_zoo3 ({e}): pip install "daskvec[zoo]"', file=sys.stderr)
