@@ -104,8 +104,9 @@ class ResolvedClient:
                 self.client.close(timeout=timeout)
         if self.own_cluster and self.cluster is not None:
             with contextlib.suppress(Exception):
-                # the embedded cluster's nannies give each worker 0.8 * WORKER_EXIT_S to exit before killing it
-                patience = WORKER_EXIT_S if isinstance(self.cluster, EmbeddedCluster) else 0.0
+                # the embedded cluster's nannies wait up to WORKER_EXIT_S for a worker process that is still
+                # exiting; the rest of the close must not be cut short meanwhile
+                patience = WORKER_EXIT_S + 10.0 if isinstance(self.cluster, EmbeddedCluster) else 0.0
                 self.cluster.close(timeout=timeout + patience)
 
 

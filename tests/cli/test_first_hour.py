@@ -384,6 +384,94 @@ def test_closing_the_embedded_cluster_prints_no_nanny_warning(tmp_path: Path) ->
     assert "still alive" not in run.output and "killed by signal" not in run.output, run.output
 
 
+@pytest.mark.timeout(300)
+def test_closing_the_embedded_cluster_beside_busy_loops_waits_for_workers_still_exiting(tmp_path: Path) -> None:
+    """Two busy loops beside the cluster; each worker process works on its exit for 30 s (CPU, as a torch
+    interpreter's teardown does at a small share of a core on a loaded machine).
+
+    Before: "Worker process still alive after 24.0 seconds, killing", once per worker.
+    """
+    run = run_script(
+        tmp_path,
+        """\
+        import atexit
+        import multiprocessing
+        import time
+
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+
+        def work_until(deadline):
+            while time.monotonic() < deadline:
+                sum(range(10_000))
+
+
+        def exit_slowly():
+            work_until(time.monotonic() + 30)
+
+
+        def make():
+            # this process (a worker) will spend 30 s working on its exit, once
+            atexit.unregister(exit_slowly)
+            atexit.register(exit_slowly)
+            return gym.make("CartPole-v1")
+
+
+        if __name__ == "__main__":
+            busy = [multiprocessing.Process(target=work_until, args=(time.monotonic() + 600,)) for _ in range(2)]
+            for p in busy:
+                p.start()
+            try:
+                env = DaskVecEnv([make, make], cluster_kwargs={"n_workers": 2})
+                env.reset()
+                env.close()
+                print("closed", flush=True)
+            finally:
+                for p in busy:
+                    p.kill()
+                    p.join()
+    """,
+    )
+    assert run.returncode == 0, run.output
+    assert "closed" in run.lines, run.output
+    assert "still alive" not in run.output and "killed" not in run.output, run.output
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_process_stuck_in_its_exit_is_killed_with_one_line_of_daskvecs(tmp_path: Path) -> None:
+    """A worker process that makes no progress towards its exit (asleep for good) is killed, saying so once."""
+    run = run_script(
+        tmp_path,
+        """\
+        import atexit
+        import threading
+
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+
+        def make():
+            atexit.register(threading.Event().wait)  # this process (a worker) never ends by itself
+            return gym.make("CartPole-v1")
+
+
+        if __name__ == "__main__":
+            env = DaskVecEnv([make], cluster_kwargs={"n_workers": 1})
+            env.reset()
+            env.close()
+            print("closed", flush=True)
+    """,
+    )
+    assert run.returncode == 0, run.output
+    assert "closed" in run.lines, run.output
+    assert "still alive" not in run.output, run.output
+    killed = [line for line in run.lines if "made no progress towards its exit" in line]
+    assert len(killed) == 1 and "killed" in killed[0], run.output
+
+
 def _wait_for_group_to_end(pgid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
