@@ -20,6 +20,7 @@ from daskvec.errors import (
     AlreadySteppingError,
     ClosedEnvError,
     DaskVecEnvError,
+    EnvBuildError,
     NoAsyncCallError,
     StepTimeoutError,
     WorkerLostError,
@@ -140,6 +141,45 @@ def test_factories_returning_the_same_instance(dclient: Any, worker_addresses: l
 
     with pytest.raises(ValueError, match="same environment instance"):
         DaskVecEnv([shared, shared], client=dclient, workers=worker_addresses[:1])
+
+
+def _window_cartpole() -> Any:
+    """CartPole rendering to a window (pygame), on a worker without a display."""
+    import gymnasium as gym
+
+    os.environ.pop("DISPLAY", None)
+    os.environ.pop("WAYLAND_DISPLAY", None)
+    return gym.make("CartPole-v1", render_mode="human")
+
+
+@pytest.mark.timeout(120)
+def test_envs_rendering_to_a_window_answer_within_seconds(dclient: Any, worker_addresses: list[str]) -> None:
+    """Two groups of ``render_mode="human"`` envs on one worker process: refused at once, saying why and what
+    to do (before: the second group's window failed at the first reset with ``EGL_BAD_ACCESS``, crashed the
+    worker, or blocked until the build timeout); each group in an env process of its own: they step.
+
+    Every wait is bounded by ``timeout=30``.
+    """
+    pytest.importorskip("pygame", reason="CartPole renders to a window with pygame")
+    with pytest.raises(EnvBuildError, match=r"render to a window \(render_mode='human'\)") as info:
+        DaskVecEnv([_window_cartpole] * 2, client=dclient, workers=worker_addresses[:1], envs_per_actor=1, timeout=30)
+    assert "env_process=True" in str(info.value)
+
+    venv = DaskVecEnv(
+        [_window_cartpole] * 2,
+        client=dclient,
+        workers=worker_addresses[:1],
+        envs_per_actor=1,
+        env_process=True,
+        timeout=30,
+    )
+    try:
+        assert len(venv.groups) == 2
+        venv.reset()
+        obs, _, _, _ = venv.step(np.zeros(2, dtype=np.int64))
+        assert obs.shape == (2, 4)
+    finally:
+        venv.close()
 
 
 def test_envs_with_different_spaces(dclient: Any) -> None:
