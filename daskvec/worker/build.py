@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium as gym
 
 from daskvec.errors import EnvBuildError, EnvBuildTimeoutError
-from daskvec.protocol.messages import Autoreset
+from daskvec.protocol.messages import Autoreset, format_traceback
 from daskvec.worker.envs import factory_name
 from daskvec.worker.vector import VectorEnvs
 
@@ -130,6 +130,7 @@ def build_vector(
         vec = factory()
     except Exception as e:
         of = f"of envs {list(env_indices)}" if env_indices else "(its first build)"
+        _keep_traceback(e)
         e.add_note(f"daskvec: raised by the vector env factory {factory_name(factory)} {of} on {where}")
         _note_daemonic(e)
         raise
@@ -228,6 +229,7 @@ def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any
     try:
         env = factory()
     except Exception as e:
+        _keep_traceback(e)
         e.add_note(f"daskvec: raised by the factory of env {index} on worker {where}")
         _note_daemonic(e)
         raise
@@ -246,6 +248,18 @@ def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any
         )
     env_: gym.Env[Any, Any] = env
     return env_
+
+
+def _keep_traceback(e: BaseException) -> None:
+    """Set ``e.remote_traceback``: the factory's frames, formatted here, where their source is.
+
+    The client shows the user the error and where it was raised, and keeps this on
+    the exception for a closer look (:mod:`daskvec._core.user_errors`); the frames Dask
+    rebuilds on the client are daskvec's and Dask's as well, with position markers
+    computed from the wrong code.
+    """
+    with contextlib.suppress(Exception):  # an exception type that refuses attributes
+        e.remote_traceback = format_traceback(e)  # type: ignore[attr-defined]
 
 
 def _note_daemonic(e: BaseException) -> None:
