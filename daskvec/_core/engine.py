@@ -337,7 +337,7 @@ class Engine:
             waited = self.options.step_timeout if waited is None else waited
             self.report(reporter, during, self.recovery.handle_lost, outcome.lost, waited)
         if outcome.errors:
-            outcome.errors[0][1].raise_()
+            raise outcome.errors[0][1].exception()
         if self.recovery.migration_due and (migrate is None or migrate):
             self.report(reporter, "step", self.recovery.migrate, migrate)
         self.maybe_publish()
@@ -427,7 +427,7 @@ class Engine:
             if not self.pool.stepping:  # collected; an interrupted wait stays pending
                 self._batch = None
         if outcome.errors:
-            outcome.errors[0][1].raise_()
+            raise outcome.errors[0][1].exception()
 
     def send_reset(
         self, seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None], mask: Sequence[bool] | None = None

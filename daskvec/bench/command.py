@@ -272,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(results))
     for kind, path in results["files"].items():
         print(f"{kind}: {path}")
+    if results.get("plot_skipped"):
+        print(results["plot_skipped"])
     failed = any("error" in r for c in results["cases"] for r in c["results"].values())
     failed = failed or bool(results.get("dashboard") and "error" in results["dashboard"])
     return 1 if failed else 0

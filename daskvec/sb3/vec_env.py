@@ -34,6 +34,7 @@ from daskvec._core.handles import Group, StepOutcome
 from daskvec._core.masks import ActionMaskCache
 from daskvec._core.options import Options, ignore_subproc_keywords
 from daskvec._core.recovery import Rebuild
+from daskvec._core.user_errors import short_errors
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
 from daskvec.monitoring.notebook import notebook_html
 from daskvec.protocol.messages import MASK_METHOD, Command, ResetReply, StepReply
@@ -152,6 +153,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
     >>> env.close()  # doctest: +SKIP
     """
 
+    @short_errors
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env[Any, Any]]],
@@ -184,6 +186,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self._attach(Engine(env_fns, client, options, cluster_kwargs))
 
     @classmethod
+    @short_errors
     def from_vector_envs(
         cls,
         vector_env_fns: Sequence[Callable[[], Any]],

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -201,6 +202,82 @@ def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
     # the CLI did not shut down a scheduler it did not start
     assert procs.scheduler.poll() is None
     assert all(w.poll() is None for w in procs.workers)
+
+
+def _run_on_a_terminal(args: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run ``args`` with a pseudo-terminal as stdout and stderr: (exit code, what it showed, escapes removed)."""
+    import pty
+    import select
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="160", TERM="xterm"),
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+    )
+    os.close(child)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(main, 1 << 16)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main)
+    text = b"".join(chunks).decode(errors="replace")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text).replace("\r", "\n")
+
+
+@pytest.mark.timeout(300)
+def test_train_progress_bar_on_a_terminal_counts_the_steps_the_run_takes_and_ends_with_it(tmp_path: Path) -> None:
+    """On a terminal the bar counts against the whole rollouts PPO collects, and its last state is the run's end.
+
+    PPO with 2 envs and ``n_steps=64`` collects rollouts of 128 steps: 3 of them, 384
+    steps, for the 300 asked. The bar's last state is drawn when ``learn()`` has
+    returned, after the last policy update, before the summary line.
+    """
+    code, text = _run_on_a_terminal(
+        [
+            sys.executable,
+            "-m",
+            "daskvec.cli",
+            "train",
+            "CartPole-v1",
+            "--timesteps",
+            "300",
+            "--n-envs",
+            "2",
+            "--eval-episodes",
+            "0",
+            *SMALL_PPO,
+        ],
+        tmp_path,
+        timeout=240,
+    )
+    assert code == 0, text
+    summary = text.index("trained PPO for 384 env steps")
+    bar_states = [line for line in text[:summary].splitlines() if "━" in line]
+    assert bar_states, text
+    counts = [re.search(r"([\d,]+)/([\d,]+)", line) for line in bar_states]
+    assert all(counts) and {m[2] for m in counts if m} == {"384"}, text  # never the 300 asked
+    last = bar_states[-1].strip()
+    assert re.search(r"^done\s.*384/384 env steps", last), last  # drawn when learn() had returned
+    assert not any(line.strip().startswith("done") for line in text[summary:].splitlines()), text
 
 
 @pytest.mark.timeout(300)
