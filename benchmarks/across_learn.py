@@ -87,7 +87,7 @@ class LearnSettings:
 
 
 class StepWaitSpy:
-    """Counts a ``DaskVecEnv``'s own ``step_wait`` calls and worker-side collections while in use.
+    """Counts a ``DaskVecEnv``'s own ``step_wait`` calls and worker-side collections (``finish_rollout``) while in use.
 
     The counting wrappers are instance attributes, removed on exit: the vec env's class
     is untouched.
@@ -99,7 +99,7 @@ class StepWaitSpy:
         self.collections = 0
 
     def __enter__(self) -> StepWaitSpy:
-        step_wait, collect = self.env.step_wait, self.env.collect_rollout
+        step_wait, collect = self.env.step_wait, self.env.finish_rollout
 
         def counted_step_wait() -> Any:
             self.step_waits += 1
@@ -110,11 +110,11 @@ class StepWaitSpy:
             return collect(*args, **kwargs)
 
         self.env.step_wait = counted_step_wait
-        self.env.collect_rollout = counted_collect
+        self.env.finish_rollout = counted_collect
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.env.step_wait, self.env.collect_rollout
+        del self.env.step_wait, self.env.finish_rollout
 
 
 def _rollout_counter() -> Any:

@@ -16,7 +16,7 @@ __all__ = ["run_own", "run_tls"]
 
 
 def run_own(args: argparse.Namespace) -> int:
-    """Run the ``hosts``, ``ceiling``, ``learning`` and/or ``learning-offpolicy`` scenarios; print their tables."""
+    """Run the ``hosts``, ``ceiling``, ``learning``, ``learning-offpolicy`` and/or ``time-to-reward`` scenarios."""
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if "hosts" in args.scenario and _hosts(args):
         return 2
@@ -29,6 +29,8 @@ def run_own(args: argparse.Namespace) -> int:
         res = run_learning_check(args.learning_seeds, scheduler=args.scheduler, out_path=out)
         print(format_learning_table(res))
         print(f"json: {out}")
+    if "time-to-reward" in args.scenario:
+        _time_to_reward(args)
     if "learning-offpolicy" in args.scenario:
         from benchmarks.offpolicy_learning import format_offpolicy_table, run_offpolicy_learning_check
 
@@ -37,6 +39,23 @@ def run_own(args: argparse.Namespace) -> int:
         print(format_offpolicy_table(off))
         print(f"json: {out}")
     return 0
+
+
+def _time_to_reward(args: argparse.Namespace) -> None:
+    from benchmarks.time_to_reward import format_time_to_reward_table, plot_curves, run_time_to_reward
+
+    delay = args.env_delay / 1000
+    out = Path(args.out) / f"time-to-reward-delay-{args.env_delay:g}ms.json"
+    res = run_time_to_reward(
+        args.ttr_cases, args.learning_seeds, env_delay=delay, scheduler=args.scheduler, out_path=out
+    )
+    print(format_time_to_reward_table(res))
+    print(f"json: {out}")
+    if not args.no_plot:
+        try:
+            print(f"plot: {plot_curves(res, out.with_suffix('.png'))}")
+        except ImportError:
+            print('plot: skipped (matplotlib is not installed: pip install -e ".[bench]")')
 
 
 def _hosts(args: argparse.Namespace) -> int:

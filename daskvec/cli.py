@@ -121,6 +121,15 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="torch device for the agent (default: cpu)")
     parser.add_argument(
+        "--collect-ahead",
+        type=int,
+        choices=(0, 1),
+        default=None,
+        help="collect on the workers with daskvec's learner (DaskPPO, DaskA2C, DaskDQN, DaskSAC): 0 collects "
+        "each rollout after training on the one before, 1 collects the next while the learner trains "
+        "(default: SB3's own algorithm, stepping the vec env)",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="show neither the progress bar nor the progress lines"
     )
     parser.add_argument(
@@ -240,7 +249,14 @@ def _policy_for(observation_space: Any) -> str:
     return "MultiInputPolicy" if isinstance(observation_space, gym.spaces.Dict) else "MlpPolicy"
 
 
-def _algo_class(name: str) -> Any:
+def _algo_class(name: str, on_workers: bool = False) -> Any:
+    """SB3's algorithm ``name``, or daskvec's learner of it that collects on the workers."""
+    if on_workers:
+        from daskvec import sb3 as learners
+
+        return {"ppo": learners.DaskPPO, "a2c": learners.DaskA2C, "dqn": learners.DaskDQN, "sac": learners.DaskSAC}[
+            name
+        ]
     import stable_baselines3 as sb3
 
     return {"ppo": sb3.PPO, "a2c": sb3.A2C, "dqn": sb3.DQN, "sac": sb3.SAC}[name]
@@ -249,7 +265,6 @@ def _algo_class(name: str) -> Any:
 def _has_progress_bar_deps() -> bool:
     try:
         import rich  # noqa: F401
-        import tqdm  # noqa: F401
     except ImportError:
         return False
     return True
@@ -318,6 +333,56 @@ class _ProgressLines:
         )
 
 
+class _ProgressBar:
+    """The progress bar on a terminal: env steps done against those the run will take, until the run ends.
+
+    SB3's own bar counts against the ``total_timesteps`` asked, which an on-policy
+    algorithm overshoots (it collects whole rollouts: 32,768 steps for 25,000 asked with
+    8 envs), and it stops, its clock frozen at 100%, when the last rollout is collected,
+    before the last policy update. This one counts against :func:`_steps_to_train`, says
+    when the policy is being updated, keeps its clock running through that update, and
+    ends when the ``with`` block around ``learn()`` does.
+    """
+
+    def __init__(self, total: int, rollout: int | None) -> None:
+        from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+        from rich.text import Text
+
+        class _Elapsed(ProgressColumn):
+            # rich's TimeElapsedColumn stops at the task's first 100%: this clock stops when the run does
+            def render(self, task: Task) -> Text:
+                return Text(time.strftime("%H:%M:%S", time.gmtime(task.elapsed or 0.0)), style="progress.elapsed")
+
+        self.total, self.rollout = total, rollout
+        self.progress = Progress(
+            TextColumn("{task.description:<19}"),
+            BarColumn(),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} env steps"),
+            _Elapsed(),
+            TextColumn("<"),
+            TimeRemainingColumn(),
+        )
+        self.task = self.progress.add_task("collecting", total=total, start=False)
+
+    def __enter__(self) -> _ProgressBar:
+        self.progress.start()
+        self.progress.start_task(self.task)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        failed = exc[0] is not None
+        self.progress.update(self.task, description="stopped" if failed else "done")
+        self.progress.stop_task(self.task)
+        self.progress.stop()
+
+    def on_step(self, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
+        """SB3 callback in function form: the steps done, and whether a policy update comes next."""
+        done = int(locals_["self"].num_timesteps)
+        updating = self.rollout is not None and done % self.rollout == 0
+        self.progress.update(self.task, completed=done, description="updating the policy" if updating else "collecting")
+        return True
+
+
 def _summary(algo: str, steps: int, elapsed: float, stepping: _Stepping) -> str:
     """The line after training: the whole run's rate, and that of stepping the envs alone."""
     share = 100 * stepping.seconds / elapsed if elapsed > 0 else 0.0
@@ -327,34 +392,46 @@ def _summary(algo: str, steps: int, elapsed: float, stepping: _Stepping) -> str:
     )
 
 
-def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[Any], bool]:
-    """The model ``daskvec train`` trains on ``env``, its callbacks, and whether it shows a progress bar.
+def _model_and_callbacks(args: argparse.Namespace, env: Any) -> tuple[Any, list[Any], _ProgressBar | None]:
+    """The model ``daskvec train`` trains on ``env``, its callbacks, and its progress bar if it shows one.
 
-    SB3's progress bar needs a terminal (and rich and tqdm); with the output going to a
-    file or a pipe, progress lines are printed instead (:class:`_ProgressLines`).
+    The progress bar (:class:`_ProgressBar`) needs a terminal (and rich); with the output
+    going to a file or a pipe, progress lines are printed instead (:class:`_ProgressLines`).
     :class:`~daskvec.monitoring.sb3_logger.DaskVecEnvMetrics` records the vec env's figures in SB3's logger.
     """
     from stable_baselines3.common.callbacks import ConvertCallback
 
     from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 
-    model = _algo_class(args.algo)(
+    ahead = {} if args.collect_ahead is None else {"collect_ahead": args.collect_ahead}
+    model = _algo_class(args.algo, on_workers=bool(ahead))(
         _policy_for(env.observation_space),
         env,
         device=args.device,
         seed=args.seed,
         verbose=0,
         tensorboard_log=args.tensorboard_log,
+        **ahead,
         **dict(args.hyperparams),
     )
     terminal = sys.stdout.isatty()
-    bar = not args.no_progress and terminal and _has_progress_bar_deps()
+    bar = None
     callbacks: list[Any] = [DaskVecEnvMetrics()]
+    if not args.no_progress and terminal and _has_progress_bar_deps():
+        bar = _ProgressBar(_steps_to_train(model, args.timesteps), _rollout_steps(model))
+        callbacks.append(ConvertCallback(bar.on_step))
     if not args.no_progress and not terminal:
         callbacks.append(
             ConvertCallback(_ProgressLines(env, _steps_to_train(model, args.timesteps), args.progress_interval))
         )
     return model, callbacks, bar
+
+
+def _rollout_steps(model: Any) -> int | None:
+    """The env steps of one rollout of an on-policy algorithm (a policy update follows each), else ``None``."""
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    return int(model.n_steps * model.n_envs) if isinstance(model, OnPolicyAlgorithm) else None
 
 
 def _steps_to_train(model: Any, timesteps: int) -> int:
@@ -456,7 +533,8 @@ def train(args: argparse.Namespace) -> int:
             return 1
         before = _Stepping.of(env)
         start = time.perf_counter()
-        model.learn(total_timesteps=args.timesteps, progress_bar=bar, callback=callbacks)
+        with bar if bar is not None else contextlib.nullcontext():
+            model.learn(total_timesteps=args.timesteps, callback=callbacks)
         _report_training(args, model, time.perf_counter() - start, _Stepping.of(env).since(before))
     finally:
         env.close()
@@ -482,6 +560,8 @@ def zoo(args: argparse.Namespace, zoo_args: Sequence[str]) -> int:
         or the cluster refused them.
     """
     try:
+        import rl_zoo3  # noqa: F401  # daskvec.learners.zoo imports it only when the zoo runs
+
         from daskvec.learners.zoo import train_zoo
     except ImportError as e:
         print(f'daskvec zoo needs rl_zoo3 ({e}): pip install "daskvec[zoo]"', file=sys.stderr)

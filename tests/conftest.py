@@ -164,12 +164,19 @@ def start_dask_processes(
     """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes in ``tmp_path``.
 
     The processes run from ``tmp_path`` with a clean ``PYTHONPATH``: they can import
-    installed packages (daskvec included) but not the tests' own modules.
+    installed packages and the daskvec the tests import, but not the tests' own modules.
     """
     # the scheduler picks its own free port (0) and reports its address in its scheduler
     # file: no port is chosen here and handed over later, when another process may hold it
     scheduler_file = tmp_path / f"scheduler-{uuid.uuid4().hex}.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # a source checkout (a git worktree, say) may not be the one installed: the processes
+    # must run the same daskvec as the test, or client and workers speak two versions
+    import daskvec
+
+    checkout = Path(daskvec.__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").exists():
+        env["PYTHONPATH"] = str(checkout)
     env["OMP_NUM_THREADS"] = "1"
     scheduler = subprocess.Popen(
         [

@@ -337,7 +337,7 @@ class Engine:
             waited = self.options.step_timeout if waited is None else waited
             self.report(reporter, during, self.recovery.handle_lost, outcome.lost, waited)
         if outcome.errors:
-            outcome.errors[0][1].raise_()
+            raise outcome.errors[0][1].exception()
         if self.recovery.migration_due and (migrate is None or migrate):
             self.report(reporter, "step", self.recovery.migrate, migrate)
         self.maybe_publish()
@@ -427,7 +427,7 @@ class Engine:
             if not self.pool.stepping:  # collected; an interrupted wait stays pending
                 self._batch = None
         if outcome.errors:
-            outcome.errors[0][1].raise_()
+            raise outcome.errors[0][1].exception()
 
     def send_reset(
         self, seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None], mask: Sequence[bool] | None = None
@@ -567,8 +567,13 @@ class Engine:
             msg = client_message(self.timer, self.n_envs, int(self.ledger.restart_counts.sum()))
             _dask.log_event_nowait(self.client, CLIENT_TOPIC, msg)
 
-    def close(self) -> None:
-        """Tell the dashboard, shut the groups down, close what was created here; idempotent."""
+    def close(self, abandon_in_flight: bool = False) -> None:
+        """Tell the dashboard, shut the groups down, close what was created here; idempotent.
+
+        ``abandon_in_flight``: groups running a request (a worker-side collection, which
+        may last a whole rollout) are dropped without waiting for their replies; their
+        workers release them once the request ends.
+        """
         if self.closed:
             return
         self.closed = True
@@ -577,7 +582,7 @@ class Engine:
             msg = client_message(self.timer, self.n_envs, int(self.ledger.restart_counts.sum()), closed=True)
             _dask.log_event(self.client, CLIENT_TOPIC, msg, timeout=5)  # bounded: the scheduler may be gone
         if self.pool is not None:
-            self.pool.close(abandon=gone)
+            self.pool.close(abandon=gone, abandon_in_flight=abandon_in_flight)
         self.resolved.close(timeout=2 if gone else 10)
 
     def summary(self) -> str:

@@ -29,6 +29,7 @@ from daskvec._core import dask_internals as _dask
 from daskvec._core.directory import Layout, WorkerDirectory
 from daskvec._core.handles import Group, PendingRequest, StepOutcome, answers
 from daskvec._core.options import Options
+from daskvec._core.user_errors import mark, shorten
 from daskvec.cluster import clients as _cluster
 from daskvec.errors import DaskVecEnvError, EnvBuildError, SchedulerLostError, WorkerLostError
 from daskvec.protocol.messages import (
@@ -119,6 +120,8 @@ class GroupPool:
         self.directory = directory
         self.transport = options.transport
         self.groups: list[Group] = []
+        #: Workers of the spawn under way that run Dask's profiler (:meth:`_warn_profiler`).
+        self._profiling: list[str] = []
         # the requests whose replies were not handed out yet, one per group id: a request
         # sent to every group of a batch (a step, a rollout, collected together by
         # collect()) or a step of a group stepping on its own (a partial batch, handed out
@@ -180,9 +183,15 @@ class GroupPool:
                             for *_, other in attempt:  # a factory raised: drop every group of this attempt
                                 with contextlib.suppress(Exception):
                                     other.cancel()
-                            if not isinstance(e, EnvBuildError):  # which already names them
+                            notes = getattr(e, "__notes__", [])
+                            # which envs, where the worker's note (plain envs) or an EnvBuildError did not say;
+                            # a vector env's worker knows no position in vector_env_fns, which this note gives
+                            named = any("daskvec: raised by the factory of env" in n for n in notes)
+                            if not isinstance(e, EnvBuildError) and not named:
                                 e.add_note(f"daskvec: while building {self._what(indices)} on {worker}")
-                            raise e
+                            if isinstance(e, EnvBuildError):  # daskvec's own words say what to do
+                                raise mark(e) from None
+                            raise shorten(e, "fix the factory") from None
                         logger.warning(
                             "could not create env group %s on %s (%s); trying another worker", indices, worker, e
                         )
@@ -206,6 +215,8 @@ class GroupPool:
         except BaseException:
             self.teardown(created, graceful=False)
             raise
+        finally:  # the groups made before a failure were placed too: their workers are named
+            self._warn_profiler()
         return created
 
     def spawn_vectors(self, workers: list[str], history: RestartHistory) -> list[Group]:
@@ -331,7 +342,8 @@ class GroupPool:
         desc = actor.describe().result(timeout=timeout)
         group = Group(key, list(indices), desc.worker, fut, actor, self._channel(actor, desc, token), desc)
         self.directory.learn_deadline(group.worker, group.deadline)
-        self._warn_profiler(desc)
+        if desc.profiler_hazard:  # warned about once for every worker of this spawn, at its end
+            self._profiling.append(str(desc.worker))
         self.groups.append(group)
         return group
 
@@ -382,17 +394,21 @@ class GroupPool:
             logger.warning("direct channel to %s unavailable (%s); using Dask actor calls", desc.worker, e)
             return ActorChannel(actor)
 
-    def _warn_profiler(self, desc: GroupDesc) -> None:
-        """Warn once per worker and process that runs Dask's profiler on CPython 3.11 (see ``profiler_hazard``).
+    def _warn_profiler(self) -> None:
+        """Warn once, naming them all, about the workers of the last spawn that run Dask's profiler on CPython 3.11.
 
-        The warning ends with the one line that turns the profiler off where these
-        workers get their config: before a ``LocalCluster`` of this process is created,
-        or in the environment of ``dask worker``.
+        One line for the cluster rather than one per worker: the cause and the fix are
+        the same for every worker of a cluster (see ``profiler_hazard``). A worker is
+        named once per process, not again by later vec envs on the same cluster. The
+        warning ends with the one line that turns the profiler off where these workers
+        get their config: before a ``LocalCluster`` of this process is created, or in
+        the environment of ``dask worker``.
         """
-        worker = desc.worker
-        if not desc.profiler_hazard or worker in _PROFILER_WARNED:
+        workers = sorted(set(self._profiling) - _PROFILER_WARNED)
+        self._profiling.clear()
+        if not workers:
             return
-        _PROFILER_WARNED.add(worker)
+        _PROFILER_WARNED.update(workers)
         from distributed import LocalCluster
 
         if isinstance(getattr(self.client, "cluster", None), LocalCluster):
@@ -406,10 +422,11 @@ class GroupPool:
                 "(`DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker ...`, or "
                 "distributed.worker.profile.enabled: false in their Dask config)"
             )
+        who = f"worker {workers[0]} runs" if len(workers) == 1 else f"workers {', '.join(workers)} run"
         logger.warning(
-            "worker %s runs Dask's profiler on Python 3.11, where sampling thread stacks can deadlock a worker "
+            "%s Dask's profiler on Python 3.11, where sampling thread stacks can deadlock a worker "
             "while env groups start their threads (python/cpython#106883); %s, or use Python 3.12+",
-            worker,
+            who,
             fix,
         )
 
@@ -448,16 +465,23 @@ class GroupPool:
         for g in groups:
             self._pending.pop(g.gid, None)
 
-    def close(self, abandon: bool = False) -> None:
+    def close(self, abandon: bool = False, abandon_in_flight: bool = False) -> None:
         """Release every group: those with a request in flight that does not end in time are dropped.
 
         ``abandon``: ask no group anything (the cluster is gone): drop them all at once.
+        ``abandon_in_flight``: drop the groups with a request in flight at once, without
+        waiting for it to end.
         """
         if abandon:
             self._pending.clear()
             self.teardown(list(self.groups), graceful=False)
             return
         waiting = [f.group for f in self._pending.values() if f.waiting]
+        if abandon_in_flight:
+            self._pending.clear()
+            self.teardown(waiting, graceful=False)
+            self.teardown(list(self.groups), graceful=True)
+            return
         deadline = time.monotonic() + min(self.options.step_timeout, 30.0)
         late = sorted(i for g in _unanswered(waiting, min(deadline - time.monotonic(), 1.0)) for i in g.env_indices)
         if late:  # a Ctrl-C'd step or rollout: say why close() waits

@@ -45,7 +45,16 @@ from daskvec.protocol.rollout_records import ExplorationPlan, ObsPipeline, Rollo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Collected", "Fragment", "PolicyShipment", "Rollout", "collect_rollout"]
+__all__ = [
+    "Collected",
+    "Fragment",
+    "PendingCollection",
+    "PolicyShipment",
+    "Rollout",
+    "collect_rollout",
+    "finish_collection",
+    "send_collection",
+]
 
 #: Policy versions: unique across learners and client processes (a random start).
 _VERSIONS = itertools.count(secrets.randbits(40) << 16)
@@ -102,7 +111,9 @@ class PolicyShipment:
                 ) from e
             self.version = next(_VERSIONS)
             self._policy = weakref.ref(policy)
-        self.state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
+        # copies on the CPU, whatever the learner's device: the workers get CPU weights, and a
+        # collection sent ahead is not changed by the training that runs while it travels
+        self.state = {k: v.detach().to("cpu", copy=True).numpy() for k, v in policy.state_dict().items()}
         return self
 
     def request(
@@ -286,27 +297,50 @@ def _put(dst: Any, where: Any, src: Any) -> None:
 
 
 # --------------------------------------------------------------------------- collecting
-def collect_rollout(
-    engine: Engine, request: RolloutRequest, timeout: float, command: Command = Command.ROLLOUT
-) -> Collected:
-    """Collect a rollout on ``engine``'s groups (see :meth:`daskvec.DaskVecEnv.collect_rollout`).
+@dataclass(eq=False)
+class PendingCollection:
+    """A worker-side collection sent to every group and not collected yet (:func:`send_collection`).
+
+    The workers run it while the client does something else (a learner trains); the
+    collection is read, and lost fragments recollected, by :func:`finish_collection`.
+    """
+
+    request: RolloutRequest
+    command: Command
+    groups: list[Group]
+    #: ``time.perf_counter()`` when it was sent: the collection's wall time starts here
+    sent: float
+
+
+def send_collection(engine: Engine, request: RolloutRequest, command: Command = Command.ROLLOUT) -> PendingCollection:
+    """Send ``request`` to every group of ``engine`` without waiting (see :func:`collect_rollout`)."""
+    assert engine.pool is not None
+    groups = list(engine.groups)
+    with engine.fail_stop():
+        engine.drop_interrupted_call()
+        _send(engine, groups, request, command)
+    return PendingCollection(request, command, groups, time.perf_counter())
+
+
+def finish_collection(engine: Engine, pending: PendingCollection, timeout: float) -> Collected:
+    """Collect a collection sent by :func:`send_collection`; recollect lost fragments from rebuilt envs.
 
     Each pass is finished by :meth:`Engine.finish <daskvec._core.engine.Engine.finish>`: lost
     groups rebuilt, an env's error raised, moves carried out on the last pass; a lost
-    fragment is recollected from its rebuilt envs for the rest of the rollout.
-    ``command`` is :attr:`Command.ROLLOUT` or, for an off-policy collection,
-    :attr:`Command.OFF_POLICY`.
+    fragment is recollected from its rebuilt envs for the rest of the rollout. ``timeout``
+    bounds each pass (``step_timeout * n_steps``), counted from when the pass was sent.
     """
-    started = time.perf_counter()
+    request, command = pending.request, pending.command
     n_steps = request.n_steps
     fragments: dict[Group, Fragment] = {}
     recorder = _Recorder()
-    groups = list(engine.groups)
+    groups = pending.groups
     for attempt in range(_ATTEMPTS + 1):
         offset = 0 if attempt == 0 else 1
         waiting = time.monotonic()
-        rest = request if attempt == 0 else request.with_fewer_steps(1)
-        outcome = _run(engine, groups, rest, fragments, offset, timeout, command)
+        if attempt > 0:
+            _send(engine, groups, request.with_fewer_steps(1), command)
+        outcome = _collect(engine, fragments, offset, timeout)
         waited = time.monotonic() - waiting
         if outcome.lost and attempt == _ATTEMPTS:
             lost = sorted(i for g in outcome.lost for i in g.env_indices)
@@ -324,20 +358,30 @@ def collect_rollout(
             break
         groups = [r.group for r in recorder.rebuilds if r.group not in fragments]
     return Collected(
-        n_steps, list(fragments.values()), recorder.rebuilds, recorder.moved, time.perf_counter() - started
+        n_steps, list(fragments.values()), recorder.rebuilds, recorder.moved, time.perf_counter() - pending.sent
     )
 
 
-def _run(
-    engine: Engine,
-    groups: list[Group],
-    request: RolloutRequest,
-    fragments: dict[Group, Fragment],
-    offset: int,
-    timeout: float,
-    command: Command = Command.ROLLOUT,
-) -> StepOutcome:
-    """Send ``request`` to ``groups`` and collect their fragments into ``fragments``.
+def collect_rollout(
+    engine: Engine, request: RolloutRequest, timeout: float, command: Command = Command.ROLLOUT
+) -> Collected:
+    """Collect a rollout on ``engine``'s groups (see :meth:`daskvec.DaskVecEnv.collect_rollout`).
+
+    :func:`send_collection` then :func:`finish_collection`. ``command`` is
+    :attr:`Command.ROLLOUT` or, for an off-policy collection, :attr:`Command.OFF_POLICY`.
+    """
+    return finish_collection(engine, send_collection(engine, request, command), timeout)
+
+
+def _send(engine: Engine, groups: list[Group], request: RolloutRequest, command: Command) -> None:
+    """Send ``request`` to ``groups``, each for its own envs."""
+    assert engine.pool is not None
+    with engine.fail_stop():
+        engine.pool.send(lambda g: (command, (request.for_envs(g.env_indices),)), groups)
+
+
+def _collect(engine: Engine, fragments: dict[Group, Fragment], offset: int, timeout: float) -> StepOutcome:
+    """Collect the fragments of the groups a collection was sent to into ``fragments``.
 
     Interrupted while fragments are on their way, the engine breaks: they could not be
     matched up with a later request.
@@ -345,8 +389,6 @@ def _run(
     assert engine.pool is not None
     outcome = StepOutcome()
     with engine.fail_stop():
-        engine.drop_interrupted_call()
-        engine.pool.send(lambda g: (command, (request.for_envs(g.env_indices),)), groups)
         for g, reply in engine.pool.collect(_await_fragments(engine, timeout), outcome, RolloutReply):
             fragments[g] = Fragment(g, reply, offset)
     return outcome

@@ -39,13 +39,14 @@ def _number_list(kind: type[int] | type[float], example: str, low: float) -> Cal
 
 #: Scenarios that run on their own, outside ``all``: the across-hosts, learning and Python-ceiling
 #: benchmarks of the source repository (:mod:`daskvec.bench.source`).
-OWN_RUN = ("hosts", "learning", "learning-offpolicy", "ceiling")
+OWN_RUN = ("hosts", "learning", "learning-offpolicy", "ceiling", "time-to-reward")
 
 _SCENARIO_HELP = (
     "scenarios to run (default: all, which leaves out the real workloads atari, mujoco and contention: name "
     "them, or 'workloads'); 'none' with --dashboard runs only that. From a source checkout only (benchmarks/): "
     "gym-faces, straggler and groups (in 'all' there), and, on their own, 'hosts' (emulated hosts, needs root), "
-    "'learning', 'learning-offpolicy' and 'ceiling' (DaskVecEnv's step time against the Python ceiling)"
+    "'learning', 'learning-offpolicy', 'ceiling' (DaskVecEnv's step time against the Python ceiling) and "
+    "'time-to-reward' (seconds until an evaluation reaches a threshold, learners synchronous and collecting ahead)"
 )
 _ENVS_HELP = (
     "env counts for every scenario instead of the defaults (light 8,64; heavy 8; images 16; groups 2,8,32,64 "
@@ -166,6 +167,25 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
             "help": "learning scenarios: seeds (default 0,1,2)",
         },
     ),
+    (
+        ("--ttr-cases",),
+        {
+            "type": lambda s: [c for c in s.split(",") if c],
+            "default": ["ppo-dummy", "daskppo", "daskppo-ahead"],
+            "metavar": "CASE[,CASE...]",
+            "help": "time-to-reward: the cases, the first the ratios' reference (default ppo-dummy,daskppo,"
+            "daskppo-ahead; also ppo-subproc, ppo-dask, sac-dummy, dasksac, dasksac-ahead)",
+        },
+    ),
+    (
+        ("--env-delay",),
+        {
+            "type": float,
+            "default": 0.0,
+            "metavar": "MS",
+            "help": "time-to-reward: milliseconds each env step waits (a simulator elsewhere; default 0: CPU only)",
+        },
+    ),
 )
 
 
@@ -252,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(results))
     for kind, path in results["files"].items():
         print(f"{kind}: {path}")
+    if results.get("plot_skipped"):
+        print(results["plot_skipped"])
     failed = any("error" in r for c in results["cases"] for r in c["results"].values())
     failed = failed or bool(results.get("dashboard") and "error" in results["dashboard"])
     return 1 if failed else 0

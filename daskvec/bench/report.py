@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
 import os
 import shutil
@@ -15,7 +16,22 @@ import numpy as np
 from daskvec.bench import source
 from daskvec.bench.scenarios import BASELINE, LABELS, VEC_ENVS
 
-__all__ = ["format_table", "plot_results", "write_results"]
+__all__ = ["NO_PLOT_REASON", "format_table", "plot_results", "plotting_available", "write_results"]
+
+logger = logging.getLogger(__name__)
+
+#: Why the chart is missing, and how to get it: said once when matplotlib is not installed.
+NO_PLOT_REASON = 'no chart: it needs matplotlib (pip install "daskvec[bench]")'
+
+
+def plotting_available() -> bool:
+    """Whether matplotlib, which draws the chart, can be imported (the ``bench`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 #: Scenarios that time PPO runs (wall time), not stepping windows.
 _PPO_SCENARIOS = ("training", "contention")
@@ -59,9 +75,14 @@ def write_results(
     stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     files: dict[str, str] = {"json": str(out / f"bench-{stamp}.json")}
     if plot and any(c["scenario"] not in _TABLE_ONLY and not c.get("skipped") for c in results["cases"]):
-        files["png"] = str(out / f"bench-{stamp}.png")
-        plot_results(results, files["png"])
-        shutil.copyfile(files["png"], out / "latest.png")
+        if plotting_available():
+            files["png"] = str(out / f"bench-{stamp}.png")
+            plot_results(results, files["png"])
+            shutil.copyfile(files["png"], out / "latest.png")
+        else:
+            # the chart is an extra: a missing matplotlib must not cost the run its results
+            results["plot_skipped"] = NO_PLOT_REASON
+            logger.info("bench chart skipped: %s", NO_PLOT_REASON)
     results["files"] = files
     text = json.dumps(results, indent=2, default=_json_default, allow_nan=True)
     Path(files["json"]).write_text(text)

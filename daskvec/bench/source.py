@@ -24,6 +24,7 @@ IN_SOURCE: dict[str, str] = {
     "learning": "learning",
     "learning-offpolicy": "offpolicy_learning",
     "ceiling": "ceiling",
+    "time-to-reward": "time_to_reward",
     "--tls": "tls",
     "--dashboard": "dashboard_load",
 }

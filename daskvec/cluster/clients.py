@@ -32,6 +32,7 @@ import cloudpickle
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskvec._core import dask_internals as _dask
+from daskvec._core import user_errors as _user_errors
 from daskvec.cluster.embedded import WORKER_EXIT_S, EmbeddedCluster, embedded_cluster
 from daskvec.errors import SchedulerLostError
 from daskvec.monitoring.links import check_dashboard
@@ -104,8 +105,9 @@ class ResolvedClient:
                 self.client.close(timeout=timeout)
         if self.own_cluster and self.cluster is not None:
             with contextlib.suppress(Exception):
-                # the embedded cluster's nannies give each worker 0.8 * WORKER_EXIT_S to exit before killing it
-                patience = WORKER_EXIT_S if isinstance(self.cluster, EmbeddedCluster) else 0.0
+                # the embedded cluster's nannies wait up to WORKER_EXIT_S for a worker process that is still
+                # exiting; the rest of the close must not be cut short meanwhile
+                patience = WORKER_EXIT_S + 10.0 if isinstance(self.cluster, EmbeddedCluster) else 0.0
                 self.cluster.close(timeout=timeout + patience)
 
 
@@ -198,24 +200,31 @@ def _connect(address: str, timeout: float) -> Any:
     thread = threading.Thread(target=connect, name="daskvec-connect", daemon=True)
     thread.start()
     thread.join(timeout + _CONNECT_MARGIN)
+    # the messages below say the cause and what to do: Dask's chained errors are logged, not printed
     with lock:
         if "client" not in made and "error" not in made:
             made["gave_up"] = True
-            raise ValueError(
-                f"the Dask scheduler at {address!r} took a connection but did not answer within {timeout:.0f}s "
-                "(stopped, frozen or overloaded?); check that `dask scheduler` is running there and responsive, "
-                "or raise connect_timeout"
+            raise _user_errors.mark(
+                ValueError(
+                    f"the Dask scheduler at {address!r} took a connection but did not answer within {timeout:.0f}s "
+                    "(stopped, frozen or overloaded?); check that `dask scheduler` is running there and responsive, "
+                    "or raise connect_timeout"
+                )
             )
     error = made.get("error")
+    if isinstance(error, (OSError, TimeoutError, ValueError)):
+        logger.debug("connecting to %r failed", address, exc_info=error)
     if isinstance(error, (OSError, TimeoutError)):
-        raise ValueError(
-            f"cannot reach a Dask scheduler at {address!r} within {timeout:.0f}s ({error}); "
-            "check the address (e.g. 'tcp://host:8786') and that `dask scheduler` is running"
-        ) from error
+        raise _user_errors.mark(
+            ValueError(
+                f"cannot reach a Dask scheduler at {address!r} within {timeout:.0f}s ({error}); "
+                "check the address (e.g. 'tcp://host:8786') and that `dask scheduler` is running"
+            )
+        )
     if isinstance(error, ValueError):  # Dask's words on a malformed address ("missing port number")
-        raise ValueError(
-            f"cannot connect to {address!r}: {error}; a scheduler address looks like 'tcp://host:8786'"
-        ) from error
+        raise _user_errors.mark(
+            ValueError(f"cannot connect to {address!r}: {error}; a scheduler address looks like 'tcp://host:8786'")
+        )
     if error is not None:
         raise error
     return made["client"]

@@ -9,8 +9,9 @@ like part of that process:
 - its workers are preloaded with :mod:`daskvec.worker.preload`: they ignore Ctrl-C,
   which is the user's process's to handle, and leave an env factory's error to the
   client, which reports it once;
-- its nannies (:class:`EmbeddedNanny`) give a worker process time to exit before
-  killing it, so that closing it prints no warning;
+- its nannies (:class:`EmbeddedNanny`) wait for a worker process to exit as long as it
+  makes progress (up to a bound), so that closing it prints no warning, even on a loaded
+  machine;
 - while it runs, Tornado's tracebacks of its dashboard's closed browser tabs are dropped
   from the user's log (:class:`EmbeddedCluster`).
 
@@ -40,6 +41,7 @@ __all__ = [
     "EMBEDDED_PRELOAD",
     "EMBEDDED_WORKER_CONFIG",
     "WORKER_EXIT_S",
+    "WORKER_STALL_S",
     "EmbeddedCluster",
     "EmbeddedNanny",
     "check_main_guard",
@@ -149,20 +151,69 @@ def _drop_failed_starts(cluster: Any) -> None:
     loop.set_exception_handler(handler)
 
 
-#: Nanny close timeout of the embedded cluster's workers: a worker process gets 0.8 of it
-#: (24 s) to exit on its own before its nanny kills it. Dask's own (5 s, so 4 s) is often
-#: too short for a process that imported torch on a loaded machine (its interpreter takes
-#: that long to tear down), and each kill is a warning in the user's terminal. A process
-#: that exits quickly (1-2 s on a quiet machine) is not waited for any longer.
-WORKER_EXIT_S = 30.0
+#: The longest the embedded cluster's nanny waits for its worker process to exit on close
+#: before killing it. The wait ends as soon as the process exits (1-2 s on a quiet
+#: machine); a process that is still working on its exit (an interpreter with torch
+#: imported tears down for seconds of CPU) is waited for up to this bound, however
+#: loaded the machine: on a loaded one, its share of a CPU is what makes it slow, and
+#: Dask's fixed wait (0.8 of its close timeout) then kills it with a warning in the
+#: user's terminal. A process that makes no progress is killed sooner (:data:`WORKER_STALL_S`).
+WORKER_EXIT_S = 120.0
+#: Seconds without CPU time spent by a closing worker process after which it counts as
+#: stuck (a deadlock, a wait on something gone) and is killed before :data:`WORKER_EXIT_S`.
+#: It is long enough for a process that sleeps a little while it exits (a flush, a
+#: join with a timeout) not to count as stuck.
+WORKER_STALL_S = 20.0
+#: Seconds between two reads of a closing worker process's CPU time.
+_STALL_POLL_S = 1.0
 
 
 class EmbeddedNanny(Nanny):
-    """The embedded cluster's nanny: it waits longer for its worker process to exit (see :data:`WORKER_EXIT_S`)."""
+    """The embedded cluster's nanny: it waits for its worker process to exit as long as it makes progress.
 
-    async def close(self, timeout: float | None = WORKER_EXIT_S, reason: str = "nanny-close") -> Any:
-        """Close the worker process, killing it only after ``0.8 * timeout`` seconds (see ``Nanny.close``)."""
-        return await super().close(timeout=WORKER_EXIT_S if timeout is None else timeout, reason=reason)
+    Dask's nanny kills a worker process still alive after 0.8 of its close timeout, with
+    a warning; this one waits up to :data:`WORKER_EXIT_S` for a process that is still
+    working on its exit, and kills one that has made no progress (spent no CPU time) for
+    :data:`WORKER_STALL_S`, with one line of its own saying so.
+    """
+
+    async def close(self, timeout: float | None = None, reason: str = "nanny-close") -> Any:
+        """Close the worker process: ``Nanny.close`` with a wait of :data:`WORKER_EXIT_S` (``timeout`` is ignored)."""
+        # Dask waits 0.8 * timeout before its kill: that wait is the bound, the stall watch (kill) ends it sooner
+        return await super().close(timeout=WORKER_EXIT_S / 0.8, reason=reason)
+
+    async def kill(self, timeout: float = WORKER_EXIT_S / 0.8, reason: str = "nanny-kill") -> None:
+        """``Nanny.kill``, while a watch kills a worker process that makes no progress towards its exit."""
+        pid = self.pid
+        watch = asyncio.create_task(_kill_when_stalled(pid, str(self.worker_address))) if pid else None
+        try:
+            await super().kill(timeout=timeout, reason=reason)
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+
+async def _kill_when_stalled(pid: int, worker: str, stall_s: float = WORKER_STALL_S) -> None:
+    """SIGKILL process ``pid`` once it has spent no CPU time for ``stall_s`` seconds (it then counts as stuck)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        spent = sum(proc.cpu_times()[:2])
+        idle_since = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(_STALL_POLL_S)
+            now, cpu = asyncio.get_running_loop().time(), sum(proc.cpu_times()[:2])
+            if cpu > spent:
+                spent, idle_since = cpu, now
+            elif now - idle_since >= stall_s:
+                logger.warning(
+                    "the worker process of %s made no progress towards its exit for %.0f s: killed", worker, stall_s
+                )
+                proc.kill()
+                return
+    except psutil.Error:  # it exited (or is a zombie the nanny is about to reap): nothing to watch
+        return
 
 
 class _ClosedTabNoise(logging.Filter):

@@ -6,7 +6,8 @@ page fills the gap from two cheap sources that already travel to the scheduler:
 - the ``daskvec_*`` scalar metrics that every worker holding envs sends with its
   heartbeat (see :mod:`daskvec.monitoring.metrics`), found in ``WorkerState.metrics``;
 - the event each :class:`~daskvec.DaskVecEnv` logs every few seconds under the topic
-  :data:`~daskvec.monitoring.metrics.CLIENT_TOPIC` with its time split (client / transit / envs).
+  :data:`~daskvec.monitoring.metrics.CLIENT_TOPIC` with its time split (client / transit / envs)
+  and, when a daskvec learner drives it, the learner's timeline (collection against learning).
 
 Pages (Bokeh apps on the scheduler's dashboard)
     ``/daskvec``
@@ -15,7 +16,8 @@ Pages (Bokeh apps on the scheduler's dashboard)
     ``/individual-daskvec``
         the same without the navigation, listed in ``/individual-plots.json`` (so
         dask-labextension can open it in JupyterLab);
-    ``/individual-daskvec-workers``, ``/individual-daskvec-throughput``, ``/individual-daskvec-time-split``
+    ``/individual-daskvec-workers``, ``/individual-daskvec-throughput``, ``/individual-daskvec-time-split``,
+    ``/individual-daskvec-timeline``
         each plot on its own.
 
 Registration
@@ -32,7 +34,7 @@ Modules
         :class:`Snapshot` and :func:`snapshot`: what the page shows, read from a scheduler;
     :mod:`~daskvec.dashboard.components`
         the Bokeh components (:class:`WorkerLoad`, :class:`Throughput`, :class:`TimeSplit`,
-        :class:`DaskvecDashboard`);
+        :class:`Timeline`, :class:`DaskvecDashboard`);
     :mod:`~daskvec.dashboard.prometheus`
         :class:`PrometheusCollector` and :data:`PROMETHEUS_METRICS`;
     this package
@@ -66,9 +68,17 @@ from typing import Any
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 
 # the private _FROM_METRIC and _time_split are re-exported for tests/test_dashboard.py
-from daskvec.dashboard.components import BAR_COLOR, DaskvecDashboard, Throughput, TimeSplit, WorkerLoad
+from daskvec.dashboard.components import (
+    BAR_COLOR,
+    TIMELINE_COLORS,
+    DaskvecDashboard,
+    Throughput,
+    Timeline,
+    TimeSplit,
+    WorkerLoad,
+)
 from daskvec.dashboard.data import _FROM_METRIC as _FROM_METRIC
-from daskvec.dashboard.data import WORKER_COLUMNS, Snapshot, snapshot
+from daskvec.dashboard.data import TIMELINE_COLUMNS, WORKER_COLUMNS, Snapshot, snapshot
 from daskvec.dashboard.data import _time_split as _time_split
 from daskvec.dashboard.prometheus import PROMETHEUS_METRICS, PrometheusCollector
 
@@ -78,12 +88,15 @@ __all__ = [
     "BAR_COLOR",
     "PROMETHEUS_METRICS",
     "ROUTES",
+    "TIMELINE_COLORS",
+    "TIMELINE_COLUMNS",
     "WORKER_COLUMNS",
     "DaskvecDashboard",
     "PrometheusCollector",
     "Snapshot",
     "Throughput",
     "TimeSplit",
+    "Timeline",
     "WorkerLoad",
     "dask_setup",
     "daskvec_doc",
@@ -136,6 +149,7 @@ ROUTES: dict[str, Any] = {
     "/individual-daskvec-workers": _individual(WorkerLoad),
     "/individual-daskvec-throughput": _individual(Throughput),
     "/individual-daskvec-time-split": _individual(TimeSplit),
+    "/individual-daskvec-timeline": _individual(Timeline),
 }
 _NAV_PAGE = "daskvec"
 

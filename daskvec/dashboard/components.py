@@ -1,4 +1,4 @@
-"""The Bokeh components of the daskvec page: per-worker load, throughput, time split, the whole page.
+"""The Bokeh components of the daskvec page: per-worker load, throughput, time split, timeline, the whole page.
 
 Each is a Dask ``DashboardComponent`` (``update()`` refreshes it, called periodically
 by the Bokeh document); they read the scheduler through :func:`~daskvec.dashboard.data.snapshot`.
@@ -16,14 +16,29 @@ from bokeh.plotting import figure
 from distributed.dashboard.components import DashboardComponent
 
 from daskvec.dashboard.data import _PARTS, WORKER_COLUMNS, Snapshot, snapshot
+from daskvec.monitoring.metrics import TIMELINE_ROWS
 
-__all__ = ["BAR_COLOR", "DaskvecDashboard", "Throughput", "TimeSplit", "WorkerLoad"]
+__all__ = ["BAR_COLOR", "TIMELINE_COLORS", "DaskvecDashboard", "Throughput", "TimeSplit", "Timeline", "WorkerLoad"]
 
 _PART_LABELS = {"client": "on the client", "transit": "in transit", "env": "inside the envs"}
 _PART_COLORS = {"client": "#8c564b", "transit": "#ff7f0e", "env": "#1f77b4"}
 #: Fill colour of the per-worker bars (the browser test looks for it in a screenshot).
 BAR_COLOR = "#2ca02c"
 _HISTORY = 1200  # points kept in the throughput timeseries
+_TIMELINE_LABELS = {
+    "collecting": "envs collecting",
+    "replaying": "learner replaying",
+    "training": "learner training",
+    "waiting": "learner waiting",
+}
+#: Fill colour of each kind of the timeline's bars: waiting in red, to stand out (the
+#: browser test looks for them in a screenshot; none is :data:`BAR_COLOR`).
+TIMELINE_COLORS: dict[str, str] = {
+    "collecting": "#1f77b4",
+    "replaying": "#c5b0d5",
+    "training": "#9467bd",
+    "waiting": "#d62728",
+}
 
 
 def _set(source: ColumnDataSource, data: dict[str, list[Any]]) -> None:
@@ -182,8 +197,70 @@ class TimeSplit(DashboardComponent):
         )
 
 
+class Timeline(DashboardComponent):
+    """Collection against learning: when the envs collected, and when the learner trained or waited.
+
+    Two rows, ``envs`` and ``learner``, of bars over time: a gap in the envs' row is the
+    envs standing still (the learner is busy), red in the learner's is the learner waiting
+    for the envs. From the timeline the newest vec env fed by a daskvec learner sent (see
+    :class:`~daskvec.monitoring.metrics.LearnerTimeline`); empty otherwise.
+
+    ``source`` has one row per interval: ``row``, ``kind``, ``label``, ``start`` and
+    ``end`` (epoch milliseconds), ``seconds`` and ``color``.
+    """
+
+    source: ColumnDataSource
+    root: Any
+
+    def __init__(self, scheduler: Any, **kwargs: Any) -> None:
+        self.scheduler = scheduler
+        self.source = ColumnDataSource(
+            {"row": [], "kind": [], "label": [], "start": [], "end": [], "seconds": [], "color": []},
+            name="daskvec-timeline",
+        )
+        # a categorical axis lists its factors upwards: the learner at the bottom, the envs above
+        rows = sorted(set(TIMELINE_ROWS.values()), reverse=True)
+        self.root = figure(
+            title="Collection against learning",
+            x_axis_type="datetime",
+            y_range=FactorRange(factors=rows),
+            tools="",
+            toolbar_location=None,
+            height=200,
+            name="daskvec-timeline-plot",
+            **kwargs,
+        )
+        self.root.hbar(
+            y="row", left="start", right="end", height=0.7, color="color", legend_field="label", source=self.source
+        )
+        self.root.ygrid.visible = False
+        legend = self.root.legend[0]
+        legend.orientation = "horizontal"
+        legend.border_line_alpha = 0
+        self.root.add_layout(legend, "below")  # beside the bars, not over them
+        self.root.add_tools(HoverTool(tooltips=[("", "@label"), ("seconds", "@seconds{0.000}")]))
+
+    def update(self, snap: Snapshot | None = None) -> None:
+        """Refresh from the latest client events."""
+        snap = snap or snapshot(self.scheduler)
+        self.root.title.text = "Collection against learning" + ("" if snap.timeline_live else " (last run)")
+        t = snap.timeline
+        _set(
+            self.source,
+            {
+                "row": list(t["row"]),
+                "kind": list(t["kind"]),
+                "label": [_TIMELINE_LABELS[k] for k in t["kind"]],
+                "start": [s * 1000.0 for s in t["start"]],
+                "end": [e * 1000.0 for e in t["end"]],
+                "seconds": [e - s for s, e in zip(t["start"], t["end"], strict=True)],
+                "color": [TIMELINE_COLORS[k] for k in t["kind"]],
+            },
+        )
+
+
 class DaskvecDashboard(DashboardComponent):
-    """The whole daskvec page: a status line, per-worker load, throughput and time split.
+    """The whole daskvec page: a status line, per-worker load, throughput, time split and timeline.
 
     ``source`` is the per-worker source of :class:`WorkerLoad`.
 
@@ -203,12 +280,14 @@ class DaskvecDashboard(DashboardComponent):
         self.workers = WorkerLoad(scheduler, **kwargs)
         self.throughput = Throughput(scheduler, **kwargs)
         self.time_split = TimeSplit(scheduler, **kwargs)
+        self.timeline = Timeline(scheduler, **kwargs)
         self.status = Div(text="", name="daskvec-status", styles={"font-size": "14px", "padding": "4px 8px"})
         self.source = self.workers.source
         sizing = {k: v for k, v in kwargs.items() if k == "sizing_mode"}
         self.root = column(
             self.status,
             row(self.workers.bars, column(self.throughput.root, self.time_split.root, **sizing), **sizing),
+            self.timeline.root,
             self.workers.table,
             **sizing,
         )
@@ -224,3 +303,4 @@ class DaskvecDashboard(DashboardComponent):
         self.workers.update(snap)
         self.throughput.update(snap)
         self.time_split.update(snap)
+        self.timeline.update(snap)

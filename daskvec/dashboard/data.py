@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from daskvec.monitoring.metrics import CLIENT_TOPIC
+from daskvec.monitoring.metrics import CLIENT_TOPIC, TIMELINE_ROWS
 from daskvec.protocol.messages import group_actors_on
 from daskvec.transport.wire import RateLimitedLog
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WORKER_COLUMNS", "Snapshot", "snapshot"]
+__all__ = ["TIMELINE_COLUMNS", "WORKER_COLUMNS", "Snapshot", "snapshot"]
 
 #: Columns of the per-worker source, in table order (``worker`` is the row label).
 WORKER_COLUMNS: tuple[str, ...] = (
@@ -47,6 +47,8 @@ _FROM_METRIC = {
     "errors": "daskvec_errors",
     "restarts": "daskvec_restarts",
 }
+#: Columns of the timeline source: who (``envs`` or ``learner``), what, and when (epoch seconds).
+TIMELINE_COLUMNS: tuple[str, ...] = ("row", "kind", "start", "end")
 _PARTS = ("client", "transit", "env")
 _SPLIT_WINDOW_S = 10.0  # the time split shown covers roughly the last this many seconds
 _REPORTING_S = 60.0  # a vec env that logged within this many seconds counts as running
@@ -73,6 +75,10 @@ class Snapshot:
     last_closed: float | None
     ever_seen: bool
     totals: dict[str, float] = field(default_factory=dict)
+    #: the learner's last intervals (:data:`TIMELINE_COLUMNS`), from the newest vec env that sent any
+    timeline: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in TIMELINE_COLUMNS})
+    #: whether that vec env still runs (an event within the last minute, and not its last)
+    timeline_live: bool = False
 
     @property
     def running(self) -> bool:
@@ -191,6 +197,47 @@ def _time_split(messages: list[dict[str, Any]], now: float) -> tuple[dict[str, f
     return seconds, live, last_closed, len(live_ids)
 
 
+def _intervals(msg: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """The well-formed intervals of an event's ``timeline``; none when it has none (an older client's)."""
+    raw = msg.get("timeline")
+    if not isinstance(raw, (list, tuple)):  # msgpack hands lists back as tuples
+        return []
+    out = []
+    for item in raw:
+        # each interval is checked alone: one bad interval leaves the rest of the picture
+        if (
+            isinstance(item, (list, tuple))
+            and len(item) == 3
+            and item[0] in TIMELINE_ROWS
+            and _number(item[1])
+            and _number(item[2])
+            and item[2] >= item[1]
+        ):
+            out.append((str(item[0]), float(item[1]), float(item[2])))
+    return out
+
+
+def _timeline(messages: list[dict[str, Any]], now: float) -> tuple[dict[str, list[Any]], bool]:
+    """The timeline of the vec env whose latest event is the newest of those that carry one, and whether it runs."""
+    latest: dict[str, dict[str, Any]] = {}
+    for msg in messages:
+        latest[str(msg["id"])] = msg
+    best: list[tuple[str, float, float]] = []
+    best_time, live = -math.inf, False
+    for msg in latest.values():
+        intervals = _intervals(msg)
+        if intervals and float(msg["time"]) > best_time:
+            best, best_time = intervals, float(msg["time"])
+            live = not msg.get("closed") and now - best_time < _REPORTING_S
+    columns: dict[str, list[Any]] = {
+        "row": [TIMELINE_ROWS[kind] for kind, _, _ in best],
+        "kind": [kind for kind, _, _ in best],
+        "start": [start for _, start, _ in best],
+        "end": [end for _, _, end in best],
+    }
+    return columns, live
+
+
 def snapshot(scheduler: Any) -> Snapshot:
     """Read everything the page shows from ``scheduler`` (cheap: no communication).
 
@@ -204,7 +251,7 @@ def snapshot(scheduler: Any) -> Snapshot:
     Snapshot
         Per-worker columns (:data:`WORKER_COLUMNS`, one row per worker, sorted by
         name), env-group and env counts, the client time split and whether a
-        DaskVecEnv is running.
+        DaskVecEnv is running, and the learner's timeline (:data:`TIMELINE_COLUMNS`).
     """
     now = time.time()
     rows: dict[str, list[Any]] = {c: [] for c in (*WORKER_COLUMNS, "steps", "groups")}
@@ -219,7 +266,9 @@ def snapshot(scheduler: Any) -> Snapshot:
         for col, name in _FROM_METRIC.items():
             value = m.get(name, 0.0)
             rows[col].append(float(value) if isinstance(value, (int, float)) else 0.0)
-    seconds, live, last_closed, vec_envs = _time_split(_client_messages(scheduler), now)
+    messages = _client_messages(scheduler)
+    seconds, live, last_closed, vec_envs = _time_split(messages, now)
+    timeline, timeline_live = _timeline(messages, now)
     total = sum(seconds.values())
     split = {p: (seconds[p] / total if total > 0 else 0.0) for p in _PARTS}
     envs = int(sum(e for e, g in zip(rows["envs"], rows["groups"], strict=True) if g > 0))
@@ -236,4 +285,6 @@ def snapshot(scheduler: Any) -> Snapshot:
         last_closed=last_closed,
         ever_seen=bool(total) or last_closed is not None or any(rows["steps"]),
         totals=totals,
+        timeline=timeline,
+        timeline_live=timeline_live,
     )

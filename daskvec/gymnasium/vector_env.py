@@ -38,6 +38,7 @@ from daskvec._core.engine import Engine, EngineViews
 from daskvec._core.handles import Group, StepOutcome
 from daskvec._core.options import Options, check_env_fns, ignore_async_keywords
 from daskvec._core.pool import GroupPool
+from daskvec._core.user_errors import short_errors
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
 from daskvec.gymnasium import layout
 from daskvec.gymnasium.buffers import VectorBuffers
@@ -136,6 +137,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
     >>> envs.close()  # doctest: +SKIP
     """
 
+    @short_errors
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env[Any, Any]]],
@@ -177,6 +179,7 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
         self._attach(engine, mode, spaces, observation_mode, copy)
 
     @classmethod
+    @short_errors
     def from_vector_envs(
         cls,
         vector_env_fns: Sequence[Callable[[], Any]],
@@ -656,6 +659,7 @@ def _make_one(env_spec: Any, kwargs: dict[str, Any], wrappers: Sequence[Callable
     return env
 
 
+@short_errors
 def make_vec(
     id: str | gym.envs.registration.EnvSpec,
     num_envs: int = 1,

@@ -61,6 +61,7 @@ from stable_baselines3.sac.policies import SACPolicy
 from stable_baselines3.td3.policies import TD3Policy
 
 from daskvec._core.rollouts import PolicyShipment, Rollout
+from daskvec.learners.ahead import Ahead, CollectAhead
 from daskvec.learners.on_policy import RolloutPlan, _NormalizeSnapshot, _Replay, plan_rollouts
 from daskvec.protocol.rollout_records import ExplorationPlan, OUNoise
 from daskvec.worker.off_policy import explore_actions
@@ -173,7 +174,7 @@ class _NoiseTrack:
                 noise.noise_prev = state  # type: ignore[attr-defined]
 
 
-class _WorkerCollection(OffPolicyAlgorithm):
+class _WorkerCollection(CollectAhead, OffPolicyAlgorithm):
     """``collect_rollouts`` on the workers when the env allows it (see the module doc)."""
 
     _daskvec_shipment: PolicyShipment | None = None
@@ -217,12 +218,16 @@ class _WorkerCollection(OffPolicyAlgorithm):
                     "every vec-step then pays a round trip to the workers",
                     stacklevel=2,
                 )
+            self._drop_ahead()
             return super().collect_rollouts(
                 env, callback, train_freq, replay_buffer, action_noise, learning_starts, log_interval
             )
-        return self._collect_on_workers(
-            plan, env, callback, train_freq, replay_buffer, action_noise, learning_starts, log_interval
-        )
+        try:
+            return self._collect_on_workers(
+                plan, env, callback, train_freq, replay_buffer, action_noise, learning_starts, log_interval
+            )
+        finally:
+            self._returned()
 
     def _explore(self, n_steps: int, n_envs: int, learning_starts: int, noises: list[ActionNoise]) -> ExplorationPlan:
         """Draw the collection's random actions and noise as SB3's ``_sample_action`` would, step after step."""
@@ -269,15 +274,13 @@ class _WorkerCollection(OffPolicyAlgorithm):
         continue_training = True
         n_envs, n_steps = env.num_envs, train_freq.frequency
         noises = _base_noises(action_noise)
-        explore = self._explore(n_steps, n_envs, learning_starts, noises)
-        if self._daskvec_shipment is None:
-            self._daskvec_shipment = PolicyShipment()
-        # SAC's sampling seed, drawn from the learner's torch stream (seeded by ``seed=``);
-        # TD3's and DQN's actors sample nothing, so their learner's stream stays SB3's
-        seed = int(th.randint(0, 2**31 - 1, (1,)).item()) if self._daskvec_samples else None
-        shipment = self._daskvec_shipment.update(self._daskvec_actor(), seed)
-        frozen = _NormalizeSnapshot(plan.normalize)
-        rollout = plan.venv.collect_rollout(shipment, n_steps, frozen.obs, explore=explore)
+
+        def send() -> Ahead:
+            return self._send_collection(plan, n_steps, n_envs, learning_starts, noises)
+
+        arrived = self._arrive(plan.venv, n_steps, send)
+        rollout, frozen, explore = arrived.rollout, arrived.ahead.frozen, arrived.ahead.explore
+        assert explore is not None
         noise = _NoiseTrack(noises, explore)
         self._fill_missing(rollout, explore, noise)
         replay = _Replay(plan, frozen)
@@ -306,7 +309,23 @@ class _WorkerCollection(OffPolicyAlgorithm):
                     if log_interval is not None and self._episode_num % log_interval == 0:
                         self.dump_logs()
         callback.on_rollout_end()
+        self._send_ahead(arrived.lag, send)
         return RolloutReturn(num_collected_steps * n_envs, num_collected_episodes, continue_training)
+
+    def _send_collection(
+        self, plan: RolloutPlan, n_steps: int, n_envs: int, learning_starts: int, noises: list[ActionNoise]
+    ) -> Ahead:
+        """Draw what SB3 draws on the client for ``n_steps``, ship the actor and start the collection."""
+        explore = self._explore(n_steps, n_envs, learning_starts, noises)
+        if self._daskvec_shipment is None:
+            self._daskvec_shipment = PolicyShipment()
+        # SAC's sampling seed, drawn from the learner's torch stream (seeded by ``seed=``);
+        # TD3's and DQN's actors sample nothing, so their learner's stream stays SB3's
+        seed = int(th.randint(0, 2**31 - 1, (1,)).item()) if self._daskvec_samples else None
+        shipment = self._daskvec_shipment.update(self._daskvec_actor(), seed)
+        frozen = _NormalizeSnapshot(plan.normalize)
+        pending = plan.venv.start_rollout(shipment, n_steps, frozen.obs, explore=explore)
+        return Ahead(plan.venv, n_steps, pending, frozen, explore=explore, updates=self._n_updates)
 
     def _env_actions(self, buffer_actions: np.ndarray) -> np.ndarray:
         """The actions the envs were given (as SB3's ``_sample_action`` computes them; for ``locals``)."""

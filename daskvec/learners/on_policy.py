@@ -53,6 +53,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 from stable_baselines3.common.vec_env.stacked_observations import StackedObservations
 
 from daskvec._core.rollouts import PolicyShipment, Rollout
+from daskvec.learners.ahead import Ahead, CollectAhead
 from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 from daskvec.protocol.rollout_records import FrameStack, ObsPipeline, TransposeImage
 from daskvec.sb3.vec_env import DaskVecEnv
@@ -321,7 +322,7 @@ def _copy_info(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _WorkerRollouts(OnPolicyAlgorithm):
+class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
     """``collect_rollouts`` on the workers when the env allows it (see the module doc)."""
 
     _daskvec_shipment: PolicyShipment | None = None
@@ -340,6 +341,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         """
         plan, reason = plan_rollouts(env, self)
         if plan is None:
+            self._drop_ahead()
             if reason and not self._daskvec_warned:
                 self._daskvec_warned = True
                 warnings.warn(
@@ -348,7 +350,24 @@ class _WorkerRollouts(OnPolicyAlgorithm):
                     stacklevel=2,
                 )
             return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-        return self._collect_on_workers(plan, env, callback, rollout_buffer, n_rollout_steps)
+        try:
+            return self._collect_on_workers(plan, env, callback, rollout_buffer, n_rollout_steps)
+        finally:
+            self._returned()
+
+    def _send_rollout(self, plan: RolloutPlan, n_steps: int) -> Ahead:
+        """Ship the current weights and start a rollout on the workers, from the learner's last observations."""
+        if self._daskvec_shipment is None:
+            self._daskvec_shipment = PolicyShipment()
+        frozen = _NormalizeSnapshot(plan.normalize)
+        # the policy's input before step 0; with a VecNormalize, the observations below it
+        # normalised with this rollout's frozen statistics
+        obs: Any = self._last_obs if plan.normalize is None else plan.seen(plan.normalize.old_obs, frozen)
+        # the workers' sampling seed, drawn from the learner's torch stream (seeded by ``seed=``)
+        seed = int(th.randint(0, 2**31 - 1, (1,)).item())
+        shipment = self._daskvec_shipment.update(self.policy, seed)
+        pending = plan.venv.start_rollout(shipment, n_steps, frozen.obs, plan.pipeline(obs))
+        return Ahead(plan.venv, n_steps, pending, frozen, obs=obs, updates=self._n_updates)
 
     def _collect_on_workers(
         self,
@@ -362,16 +381,9 @@ class _WorkerRollouts(OnPolicyAlgorithm):
         self.policy.set_training_mode(False)
         rollout_buffer.reset()
         callback.on_rollout_start()
-        if self._daskvec_shipment is None:
-            self._daskvec_shipment = PolicyShipment()
-        frozen = _NormalizeSnapshot(plan.normalize)
-        # the policy's input before step 0; with a VecNormalize, the observations below it
-        # normalised with this rollout's frozen statistics
-        obs: Any = self._last_obs if plan.normalize is None else plan.seen(plan.normalize.old_obs, frozen)
-        # the workers' sampling seed, drawn from the learner's torch stream (seeded by ``seed=``)
-        seed = int(th.randint(0, 2**31 - 1, (1,)).item())
-        shipment = self._daskvec_shipment.update(self.policy, seed)
-        rollout = plan.venv.collect_rollout(shipment, n_rollout_steps, frozen.obs, plan.pipeline(obs))
+        arrived = self._arrive(plan.venv, n_rollout_steps, lambda: self._send_rollout(plan, n_rollout_steps))
+        rollout, lag = arrived.rollout, arrived.lag
+        frozen, obs = arrived.ahead.frozen, arrived.ahead.obs
         self._fill_missing(rollout, obs)
         replay = _Replay(plan, frozen)
         n_steps = 0
@@ -394,16 +406,31 @@ class _WorkerRollouts(OnPolicyAlgorithm):
             n_steps += 1
             if isinstance(self.action_space, spaces.Discrete):
                 actions = actions.reshape(-1, 1)
-            self._bootstrap(rollout, t, step, rewards)
+            self._bootstrap(rollout, t, step, rewards, workers_values=not lag)
             rollout_buffer.add(obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
             self._last_obs = obs = new_obs
             self._last_episode_starts = dones
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
+        if lag:
+            # advantages from the value function being trained, as the last step's bootstrap
+            # is (docs/rollouts.md, "Collecting ahead"); the ratio stays against the behaviour
+            # policy's own log-probabilities, which the workers recorded
+            self._revalue(rollout_buffer)
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
+        self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         return True
+
+    def _revalue(self, buffer: RolloutBuffer) -> None:
+        """Replace the buffer's values with the learner's current value function's."""
+        obs: Any = buffer.observations
+        with th.no_grad():
+            for t in range(buffer.buffer_size):
+                at_t = {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
+                values = self.policy.predict_values(obs_as_tensor(at_t, self.device))
+                buffer.values[t] = values.cpu().numpy().reshape(buffer.n_envs)
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The actions the envs were given (as SB3's loop computes them; for ``locals``)."""
@@ -423,8 +450,14 @@ class _WorkerRollouts(OnPolicyAlgorithm):
             actions, values, log_probs = self.policy(obs_as_tensor(lost, self.device))
         rollout.fill_first(actions.cpu().numpy(), values.cpu().numpy(), log_probs.cpu().numpy())
 
-    def _bootstrap(self, rollout: Rollout, t: int, step: _Replayed, rewards: np.ndarray) -> None:
-        """``reward += gamma * V(terminal_obs)`` for truncated episodes (SB3 issue 633)."""
+    def _bootstrap(
+        self, rollout: Rollout, t: int, step: _Replayed, rewards: np.ndarray, workers_values: bool = True
+    ) -> None:
+        """``reward += gamma * V(terminal_obs)`` for truncated episodes (SB3 issue 633).
+
+        ``workers_values``: use the value the worker computed with the shipped policy;
+        otherwise (a rollout collected ahead) the learner's current value function's.
+        """
         infos = step.infos
         for idx, done in enumerate(step.dones):
             if not (
@@ -433,7 +466,7 @@ class _WorkerRollouts(OnPolicyAlgorithm):
                 and infos[idx].get("TimeLimit.truncated", False)
             ):
                 continue
-            value = rollout.terminal_value(t, idx)
+            value = rollout.terminal_value(t, idx) if workers_values else None
             if value is not None:
                 terminal_value = th.tensor([value], dtype=th.float32)
             else:  # a truncation the worker did not see (a lost or moved env)
@@ -454,6 +487,19 @@ class DaskPPO(_WorkerRollouts, PPO):
     as PPO's own loop fills it, and the wrappers are left as PPO's loop leaves them.
     Otherwise it is PPO (with one warning when a DaskVecEnv is under unsupported
     wrappers or ``use_sde=True``). See :mod:`daskvec.learners.on_policy` and docs/rollouts.md.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        ``PPO``'s own.
+    collect_ahead : {0, 1}, default 0
+        ``1``: the workers collect the next rollout while the learner trains on this
+        one, with the weights shipped before that training (the learner trains
+        pi_{k+1} on data of pi_k: a policy lag of one version, never
+        more). The importance ratio is taken against the log-probabilities the workers
+        recorded, and the advantages are computed with the learner's current value
+        function. ``0``: each rollout is collected after training on the one before,
+        as PPO does (docs/rollouts.md, "Collecting ahead").
 
     Examples
     --------

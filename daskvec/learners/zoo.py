@@ -17,97 +17,30 @@ The subclass also
 - closes every vec env it created at the end (the zoo leaves its evaluation env open).
 
 ``daskvec zoo`` (:mod:`daskvec.cli`) is the command-line face of :func:`train_zoo`.
-Importing this module needs ``rl_zoo3`` (``pip install "daskvec[zoo]"``).
+Running the zoo needs ``rl_zoo3`` (``pip install "daskvec[zoo]"``); importing this module
+does not: ``rl_zoo3`` is imported when :func:`train_zoo` runs or
+:class:`DaskExperimentManager` is first used (a ``ModuleNotFoundError`` saying what to
+install when it is missing), so that the API reference and ``daskvec zoo --help`` work
+without it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-import rl_zoo3.train as zoo_train
-from rl_zoo3.exp_manager import ExperimentManager
 from stable_baselines3.common.vec_env import VecEnv
 
 from daskvec.cluster.clients import embedded_cluster
-from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
-from daskvec.sb3.vec_env import DaskVecEnv
+
+if TYPE_CHECKING:
+    from daskvec.learners._zoo_manager import DaskExperimentManager
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DaskExperimentManager", "ZooRun", "train_zoo"]
-
-
-class DaskExperimentManager(ExperimentManager):
-    """rl_zoo3's ``ExperimentManager`` with its envs in :class:`~daskvec.DaskVecEnv`.
-
-    Use :meth:`configured` to get a subclass bound to a cluster and options; the zoo's
-    ``train`` entry point then creates it with its own arguments.
-
-    Attributes
-    ----------
-    dask_vec_env_kwargs : dict
-        Keyword arguments of every DaskVecEnv (``client=`` and the options).
-    record_metrics : bool
-        Whether to add :class:`~daskvec.DaskVecEnvMetrics` to the zoo's callbacks.
-    created : list of VecEnv
-        Every vec env the managers of this class created (training and evaluation).
-    save_paths : list of str
-        The folder of each experiment of this class.
-    """
-
-    default_vec_env_cls = DaskVecEnv
-    dask_vec_env_kwargs: ClassVar[dict[str, Any]] = {}
-    record_metrics: ClassVar[bool] = True
-    created: ClassVar[list[VecEnv]] = []
-    save_paths: ClassVar[list[str]] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.vec_env_class = DaskVecEnv  # what default_vec_env_cls does, whatever --vec-env said
-        self.vec_env_kwargs = dict(self.dask_vec_env_kwargs)
-        # the workers write the Monitor files: give them paths that do not depend on their cwd
-        self.log_path = os.path.abspath(self.log_path)
-        self.save_path = os.path.abspath(self.save_path)
-        self.params_path = os.path.abspath(self.params_path)
-        type(self).save_paths.append(self.save_path)
-
-    @classmethod
-    def configured(cls, vec_env_kwargs: dict[str, Any], record_metrics: bool = True) -> type[DaskExperimentManager]:
-        """A subclass whose vec envs get ``vec_env_kwargs`` and that keeps its own list of envs."""
-        attrs = {
-            "dask_vec_env_kwargs": dict(vec_env_kwargs),
-            "record_metrics": record_metrics,
-            "created": [],
-            "save_paths": [],
-        }
-        return type(cls.__name__, (cls,), attrs)
-
-    def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
-        """The zoo's envs (wrappers, normalisation, frame stacking) over a DaskVecEnv."""
-        env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
-        type(self).created.append(env)
-        return env
-
-    def create_callbacks(self) -> None:
-        """The zoo's callbacks, and :class:`~daskvec.DaskVecEnvMetrics` after them."""
-        super().create_callbacks()
-        if self.record_metrics:
-            self.callbacks.append(DaskVecEnvMetrics())
-
-    @classmethod
-    def close_envs(cls) -> None:
-        """Close every vec env this class created (closing twice is harmless)."""
-        for env in cls.created:
-            try:
-                env.close()
-            except Exception:  # one env failing to close must not keep the others open
-                logger.exception("closing a vec env of the zoo run failed")
 
 
 @dataclass
@@ -127,19 +60,6 @@ class ZooRun:
     envs: list[VecEnv] = field(default_factory=list)
     save_paths: list[str] = field(default_factory=list)
     dashboard_link: str | None = None
-
-
-@contextlib.contextmanager
-def _zoo_entry(manager: type[ExperimentManager], argv: Sequence[str]) -> Iterator[None]:
-    """While inside: the zoo's ``train`` reads ``argv`` and builds ``manager``."""
-    saved_argv, saved_manager = sys.argv, zoo_train.ExperimentManager
-    sys.argv = ["daskvec zoo", *argv]
-    zoo_train.ExperimentManager = manager  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        sys.argv = saved_argv
-        zoo_train.ExperimentManager = saved_manager  # type: ignore[misc]
 
 
 def train_zoo(
@@ -180,13 +100,16 @@ def train_zoo(
         raise ValueError("n_workers sizes the embedded cluster; with a client or scheduler, its own workers are used")
     if "--vec-env" in zoo_args:
         logger.warning("daskvec zoo ignores --vec-env: its envs always live in a DaskVecEnv")
+    manager_class = _manager_class()  # before the cluster starts: a missing rl_zoo3 says so at once
+    from daskvec.learners._zoo_manager import zoo_entry, zoo_train
+
     cluster = embedded_cluster(n_workers) if client is None else None
     run = ZooRun(dashboard_link=getattr(cluster, "dashboard_link", None))
-    manager = DaskExperimentManager.configured({"client": cluster or client, **vec_env_kwargs}, record_metrics)
+    manager = manager_class.configured({"client": cluster or client, **vec_env_kwargs}, record_metrics)
     try:
         if run.dashboard_link:
             logger.info("daskvec zoo: embedded cluster, dashboard %s", run.dashboard_link)
-        with _zoo_entry(manager, zoo_args):
+        with zoo_entry(manager, zoo_args):
             zoo_train.train()
     finally:
         manager.close_envs()
@@ -195,3 +118,22 @@ def train_zoo(
         if cluster is not None:
             cluster.close(timeout=30)
     return run
+
+
+def _manager_class() -> type[DaskExperimentManager]:
+    """:class:`DaskExperimentManager`, whose module imports ``rl_zoo3``: imported on first use."""
+    try:
+        from daskvec.learners._zoo_manager import DaskExperimentManager
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] != "rl_zoo3":
+            raise
+        raise ModuleNotFoundError(f'daskvec zoo needs rl_zoo3 ({e}): pip install "daskvec[zoo]"', name=e.name) from e
+    return DaskExperimentManager
+
+
+def __getattr__(name: str) -> Any:
+    # DaskExperimentManager subclasses rl_zoo3's ExperimentManager: built on first use, so
+    # that this module imports without rl_zoo3
+    if name == "DaskExperimentManager":
+        return _manager_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

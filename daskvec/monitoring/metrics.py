@@ -11,7 +11,9 @@ Client side
     :class:`ClientTimer` splits each vec-step's wall time into the time spent on the
     client (the learner, between steps), in transit and inside the envs.
     :func:`client_message` turns it into the event a ``DaskVecEnv`` logs on the
-    scheduler every few seconds under the topic :data:`CLIENT_TOPIC`.
+    scheduler every few seconds under the topic :data:`CLIENT_TOPIC`. Its
+    :class:`LearnerTimeline` keeps the last intervals of a learner's collection against
+    its learning (fed by :class:`~daskvec.learners.ahead.CollectAhead`), sent with it.
 
 This module is imported on the workers: it must not import Bokeh or the dashboard.
 """
@@ -29,8 +31,10 @@ import numpy as np
 
 __all__ = [
     "CLIENT_TOPIC",
+    "TIMELINE_ROWS",
     "WORKER_METRICS",
     "ClientTimer",
+    "LearnerTimeline",
     "client_message",
     "GroupStats",
     "install_worker_metrics",
@@ -53,7 +57,18 @@ WORKER_METRICS: dict[str, str] = {
 #: Topic of the scheduler events in which each DaskVecEnv reports its time split.
 CLIENT_TOPIC = "daskvec-client"
 
+#: The kinds of interval of a :class:`LearnerTimeline`, and the row (who) each is about.
+TIMELINE_ROWS: dict[str, str] = {
+    "collecting": "envs",
+    "replaying": "learner",
+    "training": "learner",
+    "waiting": "learner",
+}
+
 _WINDOW = 512
+# about 25 rollouts of a learner (an envs' interval and up to three of the learner's each),
+# in every event: small enough for the scheduler to keep a thousand events of
+_TIMELINE_LEN = 100
 _RATE_WINDOW_S = 5.0
 _SUMMARY_TTL_S = 0.2  # one heartbeat reads every metric: compute the summary once for all
 
@@ -234,16 +249,59 @@ def forget(stats: GroupStats) -> None:
             _retired["restarts"] += stats.restarts
 
 
+class LearnerTimeline:
+    """The last intervals of a learner's collection against its learning, for the dashboard.
+
+    Each interval is a kind of :data:`TIMELINE_ROWS` and its start and end, read from
+    ``time.perf_counter()`` where it happened; :meth:`intervals` gives them in epoch
+    seconds, the clock the page lays out. Bounded: only the last ``maxlen`` are kept.
+
+    Parameters
+    ----------
+    maxlen : int
+        How many intervals to keep.
+    """
+
+    def __init__(self, maxlen: int = _TIMELINE_LEN) -> None:
+        self._intervals: deque[tuple[str, float, float]] = deque(maxlen=maxlen)
+
+    def __len__(self) -> int:
+        return len(self._intervals)
+
+    def add(self, kind: str, start: float, end: float) -> None:
+        """Record an interval of ``kind`` from ``start`` to ``end`` (``time.perf_counter()`` readings).
+
+        Raises
+        ------
+        ValueError
+            If ``kind`` is not one of :data:`TIMELINE_ROWS`.
+        """
+        if kind not in TIMELINE_ROWS:
+            raise ValueError(f"an interval is one of {sorted(TIMELINE_ROWS)}, not {kind!r}")
+        if end > start:  # an empty interval draws nothing
+            self._intervals.append((kind, float(start), float(end)))
+
+    def intervals(self) -> list[list[Any]]:
+        """The intervals as ``[kind, start, end]``, oldest first, in epoch seconds (msgpack-serialisable)."""
+        # perf_counter has no epoch: shift by the two clocks' offset now (their drift over
+        # a hundred intervals is far below what a page can show)
+        offset = time.time() - time.perf_counter()
+        return [[kind, start + offset, end + offset] for kind, start, end in list(self._intervals)]
+
+
 class ClientTimer:
     """Split the client's wall time per vec-step into client, transit and env time.
 
     ``client`` is the time between the end of one ``step_wait`` and the next
     ``step_async`` (the learner's work); ``transit`` is the time waiting for replies
     minus the slowest group's time inside its envs; ``env`` is that slowest time.
+    :attr:`timeline` is the learner's timeline, which the learners feed.
     """
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex[:12]
+        #: the learner's collection against its learning (empty without a daskvec learner)
+        self.timeline = LearnerTimeline()
         self.client_s = 0.0
         self.transit_s = 0.0
         self.env_s = 0.0
@@ -323,7 +381,9 @@ def client_message(timer: ClientTimer, num_envs: int, restarts: int = 0, closed:
     dict
         msgpack-serialisable: ``id``, ``time`` (epoch seconds), ``num_envs``,
         ``vec_steps``, ``restarts``, ``closed``, ``seconds`` (cumulative client,
-        transit and env seconds) and ``shares`` (the same as fractions).
+        transit and env seconds), ``shares`` (the same as fractions) and ``timeline``
+        (the learner's last intervals, ``[kind, start, end]`` in epoch seconds; see
+        :class:`LearnerTimeline`).
     """
     return {
         "id": timer.id,
@@ -334,4 +394,5 @@ def client_message(timer: ClientTimer, num_envs: int, restarts: int = 0, closed:
         "closed": bool(closed),
         "seconds": timer.totals(),
         "shares": timer.shares(),
+        "timeline": timer.timeline.intervals(),
     }

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import re
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
@@ -44,8 +46,10 @@ __all__ = [
     "ResetReply",
     "StepReply",
     "StepRequest",
+    "format_traceback",
     "group_actors_on",
     "restart_seed",
+    "strip_markers",
     "unwrap",
 ]
 
@@ -459,6 +463,25 @@ class ResetReply:
     masks: Any = None
 
 
+#: A line of position markers that Python 3.11+ prints under a traceback's code line (``^^^^``, ``~~~^^~~``).
+_MARKER_LINE = re.compile(r"^\s*[~^]+\s*$")
+
+
+def strip_markers(text: str) -> str:
+    """``text``, a traceback, without its lines of position markers (``^^^^``).
+
+    They point at columns of the source as the process that formatted them read it;
+    in a traceback sent from a worker, or in frames rebuilt on the client (where
+    Python computes them from the wrong code), they stand under the wrong code lines.
+    """
+    return "".join(line for line in text.splitlines(keepends=True) if not _MARKER_LINE.match(line))
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback and chained causes, as Python prints them, without position markers."""
+    return strip_markers("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteError:
     """An exception raised on a worker, as it travels to the client.
@@ -489,8 +512,11 @@ class RemoteError:
     def exception(self) -> BaseException:
         """The exception to raise on the client: the original type when it unpickles.
 
-        It carries ``env_index``, ``worker`` and, as a note, the remote traceback.
+        It carries ``env_index``, ``worker``, a note saying where it was raised, and
+        the remote traceback as ``remote_traceback`` (not printed with it: see
+        :func:`daskvec._core.user_errors.shorten`).
         """
+        from daskvec._core.user_errors import shorten
         from daskvec.errors import RemoteEnvError
 
         exc: BaseException | None = None
@@ -504,11 +530,10 @@ class RemoteError:
         if not isinstance(exc, BaseException):
             exc = RemoteEnvError(f"{self.type}: {self.message}", remote_type=self.type)
         where = f"env {self.env_index}" if self.env_index is not None else "an env group"
-        exc.add_note(f"daskvec: raised by {where} on worker {self.worker}\n--- remote traceback ---\n{self.traceback}")
         with contextlib.suppress(Exception):
             exc.env_index = self.env_index  # type: ignore[attr-defined]
             exc.worker = self.worker  # type: ignore[attr-defined]
-        return exc
+        return shorten(exc, f"raised by {where} on worker {self.worker}", self.traceback)
 
     def raise_(self) -> NoReturn:
         """Raise :meth:`exception`."""

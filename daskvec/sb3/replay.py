@@ -12,6 +12,7 @@ writes a step. The face's state check, buffers and writer stay its own
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -20,13 +21,21 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 from daskvec._core.engine import Engine, RebuildReporter
 from daskvec._core.handles import Group
 from daskvec._core.options import Options
-from daskvec._core.rollouts import PolicyShipment, Rollout, collect_rollout
+from daskvec._core.rollouts import PendingCollection, PolicyShipment, Rollout, finish_collection, send_collection
 from daskvec.errors import DaskVecEnvError
 from daskvec.protocol.messages import Command, StepReply
 from daskvec.protocol.rollout_records import ExplorationPlan, ObsPipeline
 from daskvec.sb3.buffers import StepBuffers
 
-__all__ = ["ReplyWriter", "RolloutFace", "RolloutMethods"]
+__all__ = ["PendingRollout", "ReplyWriter", "RolloutFace", "RolloutMethods"]
+
+
+@dataclass(eq=False)
+class PendingRollout:
+    """A collection that :meth:`RolloutMethods.start_rollout` sent and `finish_rollout` has not read."""
+
+    collection: PendingCollection
+    n_steps: int
 
 
 class ReplyWriter(RebuildReporter, Protocol):
@@ -62,6 +71,12 @@ class RolloutFace(Protocol):
     def _enter_idle(self) -> None:
         """Raise the typed error that says why the face may not be called now, unless it is idle."""
 
+    def _start_collecting(self, pending: PendingRollout) -> None:
+        """Note that ``pending`` is in flight: every other call raises until it is finished."""
+
+    def _stop_collecting(self, pending: PendingRollout) -> None:
+        """Check that ``pending`` is the collection in flight, and let other calls in again."""
+
 
 class RolloutMethods:
     """Worker-side rollouts of a Stable-Baselines3 face (a mixin of :class:`~daskvec.DaskVecEnv`)."""
@@ -81,7 +96,8 @@ class RolloutMethods:
         report a truncation at the first step, the rest of the rollout recollected from
         the rebuilt envs. The rollout is then replayed step by step with
         :meth:`replay`, which updates this vec env as ``step_wait`` would.
-        :class:`daskvec.learners.on_policy.DaskPPO` does all of this; see docs/rollouts.md.
+        :class:`daskvec.sb3.DaskPPO` does all of this; see docs/rollouts.md. The same as
+        :meth:`start_rollout` then :meth:`finish_rollout`.
 
         Parameters
         ----------
@@ -97,7 +113,7 @@ class RolloutMethods:
             env and the policy, with their state (a row per env), for the workers to
             repeat.
         explore : ExplorationPlan, optional
-            An off-policy collection (:class:`daskvec.learners.on_policy.DaskSAC` and the others): the
+            An off-policy collection (:class:`daskvec.sb3.DaskSAC` and the others): the
             shipped policy is the learner's actor, and the actions explore as the plan
             says (see :mod:`daskvec.worker.off_policy` and docs/offpolicy.md).
 
@@ -106,6 +122,25 @@ class RolloutMethods:
         Rollout
             Waiting at most ``step_timeout * n_steps`` for the fragments.
         """
+        return RolloutMethods.finish_rollout(
+            self, RolloutMethods.start_rollout(self, shipment, n_steps, obs_norm, obs_pipeline, explore)
+        )
+
+    def start_rollout(
+        self: RolloutFace,
+        shipment: PolicyShipment,
+        n_steps: int,
+        obs_norm: dict[str, Any] | None = None,
+        obs_pipeline: ObsPipeline | None = None,
+        explore: ExplorationPlan | None = None,
+    ) -> PendingRollout:
+        """Send a worker-side collection to every group and return at once (see :meth:`collect_rollout`).
+
+        The workers run it while the caller does something else (a learner trains on
+        the rollout before); until :meth:`finish_rollout` collects it, every other call
+        of this vec env raises :class:`~daskvec.errors.AlreadySteppingError`, and
+        :meth:`close` abandons it without waiting.
+        """
         self._enter_idle()
         if not self._buffers.has_obs:
             raise DaskVecEnvError("reset() the vec env before collecting a rollout")
@@ -113,15 +148,22 @@ class RolloutMethods:
             raise ValueError(f"n_steps must be a positive number of vec-steps, not {n_steps!r}")
         if explore is not None and explore.n_steps != int(n_steps):
             raise ValueError(f"an exploration plan of {explore.n_steps} steps for a collection of {n_steps}")
-        engine = self._engine
         if obs_pipeline is not None:
             # envs rebuilt since the last step report their truncation in the first one: their stacks restart there
             obs_pipeline = dataclasses.replace(obs_pipeline, restack=tuple(self._buffers.deferred_envs()))
         request = shipment.request(int(n_steps), obs_norm, obs_pipeline, explore)
         command = Command.ROLLOUT if explore is None else Command.OFF_POLICY
-        collected = collect_rollout(engine, request, self.options.step_timeout * n_steps, command)
+        pending = PendingRollout(send_collection(self._engine, request, command), int(n_steps))
+        self._start_collecting(pending)
+        return pending
+
+    def finish_rollout(self: RolloutFace, pending: PendingRollout) -> Rollout:
+        """Collect the collection :meth:`start_rollout` sent; see :meth:`collect_rollout`."""
+        self._stop_collecting(pending)
+        engine, n_steps = self._engine, pending.n_steps
+        collected = finish_collection(engine, pending.collection, self.options.step_timeout * n_steps)
         rollout = Rollout.stitch(collected, self._buffers.observations(), self.action_space)
-        engine.timer.rollout(int(n_steps), rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
+        engine.timer.rollout(n_steps, rollout.wall_seconds, rollout.env_seconds + rollout.policy_seconds)
         engine.maybe_publish()
         return rollout
 

@@ -34,11 +34,12 @@ from daskvec._core.handles import Group, StepOutcome
 from daskvec._core.masks import ActionMaskCache
 from daskvec._core.options import Options, ignore_subproc_keywords
 from daskvec._core.recovery import Rebuild
+from daskvec._core.user_errors import short_errors
 from daskvec.errors import AlreadySteppingError, ClosedEnvError, NoAsyncCallError
 from daskvec.monitoring.notebook import notebook_html
 from daskvec.protocol.messages import MASK_METHOD, Command, ResetReply, StepReply
 from daskvec.sb3.buffers import StepBuffers
-from daskvec.sb3.replay import RolloutMethods
+from daskvec.sb3.replay import PendingRollout, RolloutMethods
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class State(enum.Enum):
 
     IDLE = "idle"  # ready for any call
     STEPPING = "stepping"  # step_async() sent a step that step_wait() has not collected
+    COLLECTING = "collecting"  # start_rollout() sent a worker-side collection that finish_rollout() has not read
     BROKEN = "broken"  # envs or the scheduler were lost for good: only close() is left
     CLOSED = "closed"
 
@@ -151,6 +153,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
     >>> env.close()  # doctest: +SKIP
     """
 
+    @short_errors
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env[Any, Any]]],
@@ -183,6 +186,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self._attach(Engine(env_fns, client, options, cluster_kwargs))
 
     @classmethod
+    @short_errors
     def from_vector_envs(
         cls,
         vector_env_fns: Sequence[Callable[[], Any]],
@@ -261,6 +265,7 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         self._masks = ActionMaskCache(engine.n_envs)
         self._writer = _BuffersAndMasks(self._buffers, self._masks)
         self._state, self._interrupted = State.IDLE, False  # _interrupted: a step_wait() cut short by Ctrl-C
+        self._collecting: PendingRollout | None = None  # the collection start_rollout() sent, in COLLECTING
         super().__init__(engine.n_envs, engine.observation_space, engine.action_space)  # asks the envs for render_mode
         self.reset_infos = self._buffers.reset_infos
         logger.info("DaskVecEnv: %s", engine.summary())
@@ -287,6 +292,16 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         """Raise unless the vec env is idle (the check of the rollout methods, :mod:`daskvec.sb3.replay`)."""
         self._enter(State.IDLE)
 
+    def _start_collecting(self, pending: PendingRollout) -> None:
+        self._collecting = pending
+        self._state = State.COLLECTING
+
+    def _stop_collecting(self, pending: PendingRollout) -> None:
+        self._enter(State.COLLECTING)
+        if pending is not self._collecting:
+            raise ValueError("finish_rollout() was given a collection this vec env did not start, or finished already")
+        self._collecting, self._state = None, State.IDLE
+
     def _enter(self, *allowed: State) -> None:
         """Check that the vec env may be called now; raise the typed error that says why not."""
         state = self.state
@@ -299,6 +314,11 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         if state is State.STEPPING:
             was = "the last step was interrupted (reset() drops it)" if self._interrupted else "a step is pending"
             raise AlreadySteppingError(f"{was}: call step_wait() before any other call")
+        if state is State.COLLECTING:
+            raise AlreadySteppingError(
+                "a worker-side collection is in flight (a learner's collect_ahead): let the learner finish it "
+                "(model.learn() again) or close() this vec env"
+            )
         raise NoAsyncCallError("step_wait() called without a pending step_async()")
 
     @property
@@ -457,12 +477,16 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
         """Shut the env groups down and close what this vec env created (see base class).
 
         Safe to call twice and while a step is in flight (its replies are drained,
-        with ``step_timeout`` (at most 30 s) as the bound).
+        with ``step_timeout`` (at most 30 s) as the bound). A worker-side collection in
+        flight (``start_rollout``) is abandoned at once: its workers release its groups
+        when it ends.
         """
         if self.closed:
             return
-        self._state = State.CLOSED
-        self._engine.close()
+        collecting = self._state is State.COLLECTING
+        self._state, self._collecting = State.CLOSED, None
+        # a collection in flight may run for a whole rollout: its groups are abandoned, not waited for
+        self._engine.close(abandon_in_flight=collecting)
 
     def __enter__(self) -> DaskVecEnv:
         return self

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 
 from daskvec.errors import EnvBuildError, EnvBuildTimeoutError
-from daskvec.protocol.messages import Autoreset
+from daskvec.protocol.messages import Autoreset, format_traceback
 from daskvec.worker.envs import factory_name
 from daskvec.worker.vector import VectorEnvs
 
@@ -129,6 +130,7 @@ def build_vector(
         vec = factory()
     except Exception as e:
         of = f"of envs {list(env_indices)}" if env_indices else "(its first build)"
+        _keep_traceback(e)
         e.add_note(f"daskvec: raised by the vector env factory {factory_name(factory)} {of} on {where}")
         _note_daemonic(e)
         raise
@@ -154,7 +156,11 @@ def build_vector(
 def build_envs(
     factories: Sequence[Callable[[], Any]], env_indices: Sequence[int], where: str, progress: list[int] | None = None
 ) -> list[gym.Env[Any, Any]]:
-    """One env per factory, each a new one (``progress[0]``: the position being built); all closed if one fails."""
+    """One env per factory, each a new one (``progress[0]``: the position being built); all closed if one fails.
+
+    Envs that render to a window (``render_mode="human"``) are refused when another env
+    group of this process already has such envs open (:func:`_claim_the_display`).
+    """
     envs: list[gym.Env[Any, Any]] = []
     try:
         for pos, fn in enumerate(factories):
@@ -169,10 +175,53 @@ def build_envs(
                         "(e.g. `lambda: gym.make(...)`)"
                     )
             envs.append(env)
+        _claim_the_display(envs, env_indices, where)
     except BaseException:
         close_envs(envs, where)
         raise
     return envs
+
+
+#: This process's envs that render to a window (``render_mode="human"``), all of one env
+#: group, until they are closed (:func:`close_envs`) or collected.
+_WINDOW_ENVS: weakref.WeakSet[Any] = weakref.WeakSet()
+_WINDOW_LOCK = threading.Lock()
+
+
+def _renders_to_a_window(env: Any) -> bool:
+    return getattr(env, "render_mode", None) == "human"
+
+
+def _claim_the_display(envs: Sequence[Any], env_indices: Sequence[int], where: str) -> None:
+    """Let one env group of this process at a time have envs that render to a window.
+
+    Windowing libraries (pygame's SDL, GLFW) hold one display per process, tied to the
+    thread that opened it, and a worker steps each env group on a thread of its own: a
+    second group's window on the same process fails (SDL with EGL: ``EGL_BAD_ACCESS``),
+    crashes the worker or blocks. So a second group of such envs is refused at once,
+    saying why and what to do; one group (e.g. in an env process, one group per process)
+    renders as it would in a process of its own.
+
+    Raises
+    ------
+    daskvec.errors.EnvBuildError
+        Some of ``envs`` render to a window and another group of this process has such envs open.
+    """
+    windows = [i for i, env in zip(env_indices, envs, strict=True) if _renders_to_a_window(env)]
+    if not windows:
+        return
+    with _WINDOW_LOCK:
+        if any(env not in envs for env in _WINDOW_ENVS):
+            raise EnvBuildError(
+                f"envs {windows} render to a window (render_mode='human'), and another env group on worker "
+                f"{where} already has one open: a process has one display, tied to the thread that opened it "
+                "(pygame's SDL, GLFW), and a worker steps each env group on a thread of its own, so a second "
+                "group's window fails, crashes the worker or blocks. Pass env_process=True (each env group in "
+                "a process of its own; envs_per_actor=1 for a window per env), or render_mode='rgb_array' and "
+                "show the frames (env.render()) yourself",
+                env_indices=windows,
+            )
+        _WINDOW_ENVS.update(env for env in envs if _renders_to_a_window(env))
 
 
 def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any, Any]:
@@ -180,6 +229,7 @@ def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any
     try:
         env = factory()
     except Exception as e:
+        _keep_traceback(e)
         e.add_note(f"daskvec: raised by the factory of env {index} on worker {where}")
         _note_daemonic(e)
         raise
@@ -198,6 +248,18 @@ def build_env(factory: Callable[[], Any], index: int, where: str) -> gym.Env[Any
         )
     env_: gym.Env[Any, Any] = env
     return env_
+
+
+def _keep_traceback(e: BaseException) -> None:
+    """Set ``e.remote_traceback``: the factory's frames, formatted here, where their source is.
+
+    The client shows the user the error and where it was raised, and keeps this on
+    the exception for a closer look (:mod:`daskvec._core.user_errors`); the frames Dask
+    rebuilds on the client are daskvec's and Dask's as well, with position markers
+    computed from the wrong code.
+    """
+    with contextlib.suppress(Exception):  # an exception type that refuses attributes
+        e.remote_traceback = format_traceback(e)  # type: ignore[attr-defined]
 
 
 def _note_daemonic(e: BaseException) -> None:
@@ -225,3 +287,5 @@ def close_envs(envs: Sequence[Any], where: str) -> None:
             env.close()
         except Exception:
             logger.exception("closing an env on %s failed", where)
+        with _WINDOW_LOCK:
+            _WINDOW_ENVS.discard(env)

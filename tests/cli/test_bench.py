@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import shutil
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -824,3 +825,42 @@ def test_timeline_unhooks_the_workers_it_hooked() -> None:
         timeline._unhook_worker()
     assert (server.decode, server.send_frames, metrics.GroupStats.record_step) == before
     assert not hasattr(server, "_timeline_stamps")
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_time_to_reward_times_each_case_until_its_threshold(tmp_path: Path) -> None:
+    """The structure and the bookkeeping, never the speed: each run stops at its first evaluation at or
+    above the threshold, its time is that evaluation's clock, medians and ratios follow from the runs."""
+    from benchmarks.time_to_reward import format_time_to_reward_table, run_time_to_reward
+
+    out = tmp_path / "ttr.json"
+    res = run_time_to_reward(
+        ["daskppo", "daskppo-ahead"],
+        [0, 1],
+        env_delay=0.001,
+        eval_every=256,
+        eval_episodes=1,
+        max_steps=1024,
+        out_path=out,
+        threshold=0.0,
+    )
+    assert json.loads(out.read_text())["runs"] == res["runs"]
+    assert [(r["case"], r["seed"]) for r in res["runs"]] == [
+        ("daskppo", 0),
+        ("daskppo-ahead", 0),
+        ("daskppo-ahead", 1),
+        ("daskppo", 1),
+    ]  # alternated, the order rotated with the seed
+    for run in res["runs"]:
+        assert len(run["curve"]) == 1, "a run goes on after reaching the threshold"
+        first = run["curve"][0]
+        assert first["steps"] == 256 and run["seconds"] == first["seconds"] > 0 and run["steps"] == 256
+    for case in ("daskppo", "daskppo-ahead"):
+        times = [r["seconds"] for r in res["runs"] if r["case"] == case]
+        assert res["median_seconds"][case] == pytest.approx(statistics.median(times))
+    assert res["ratio_to_first"]["daskppo"] == 1.0
+    table = format_time_to_reward_table(res)
+    assert "daskppo-ahead" in table and "median s" in table
+    never = run_time_to_reward(["daskppo"], [0], eval_every=256, eval_episodes=1, max_steps=512, threshold=1e9)
+    assert never["median_seconds"] == {"daskppo": None} and len(never["runs"][0]["curve"]) == 2

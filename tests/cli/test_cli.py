@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -203,6 +204,82 @@ def test_train_against_scheduler(dask_processes: Any, tmp_path: Path) -> None:
     assert all(w.poll() is None for w in procs.workers)
 
 
+def _run_on_a_terminal(args: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run ``args`` with a pseudo-terminal as stdout and stderr: (exit code, what it showed, escapes removed)."""
+    import pty
+    import select
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="160", TERM="xterm"),
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+    )
+    os.close(child)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(main, 1 << 16)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main)
+    text = b"".join(chunks).decode(errors="replace")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text).replace("\r", "\n")
+
+
+@pytest.mark.timeout(300)
+def test_train_progress_bar_on_a_terminal_counts_the_steps_the_run_takes_and_ends_with_it(tmp_path: Path) -> None:
+    """On a terminal the bar counts against the whole rollouts PPO collects, and its last state is the run's end.
+
+    PPO with 2 envs and ``n_steps=64`` collects rollouts of 128 steps: 3 of them, 384
+    steps, for the 300 asked. The bar's last state is drawn when ``learn()`` has
+    returned, after the last policy update, before the summary line.
+    """
+    code, text = _run_on_a_terminal(
+        [
+            sys.executable,
+            "-m",
+            "daskvec.cli",
+            "train",
+            "CartPole-v1",
+            "--timesteps",
+            "300",
+            "--n-envs",
+            "2",
+            "--eval-episodes",
+            "0",
+            *SMALL_PPO,
+        ],
+        tmp_path,
+        timeout=240,
+    )
+    assert code == 0, text
+    summary = text.index("trained PPO for 384 env steps")
+    bar_states = [line for line in text[:summary].splitlines() if "━" in line]
+    assert bar_states, text
+    counts = [re.search(r"([\d,]+)/([\d,]+)", line) for line in bar_states]
+    assert all(counts) and {m[2] for m in counts if m} == {"384"}, text  # never the 300 asked
+    last = bar_states[-1].strip()
+    assert re.search(r"^done\s.*384/384 env steps", last), last  # drawn when learn() had returned
+    assert not any(line.strip().startswith("done") for line in text[summary:].splitlines()), text
+
+
 @pytest.mark.timeout(300)
 def test_train_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_path: Path) -> None:
     """With the output in a file (or a pipe, as here) there is no progress bar: a line every interval instead."""
@@ -338,3 +415,29 @@ def test_a_model_that_cannot_be_made_fails_cleanly(
     assert cli.main(["train", "CartPole-v1", *common, "--algo", "sac"]) == 1
     err = capsys.readouterr().err
     assert "cannot create SAC for CartPole-v1 (--hyperparams: none): AssertionError: " in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+def test_train_collects_ahead_on_the_workers(tmp_path: Path) -> None:
+    """``--collect-ahead 1``: DaskPPO collects the next rollout while it trains; the saved model says so."""
+    model = tmp_path / "model.zip"
+    proc = run_cli(
+        [
+            *("train", "CartPole-v1", "--timesteps", "1024", "--n-envs", "4", "--collect-ahead", "1"),
+            *("--eval-episodes", "0", "--no-progress", "--save", str(model), *SMALL_PPO),
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^trained PPO for 1024 env steps", proc.stdout, re.M), proc.stdout
+    from daskvec.sb3 import DaskPPO
+
+    loaded = DaskPPO.load(model, device="cpu")
+    assert loaded.collect_ahead == 1 and loaded.num_timesteps == 1024
+
+
+def test_parser_refuses_a_collect_ahead_of_two(restore_daskvec_logger: Any) -> None:
+    assert cli.build_parser().parse_args(["train", "CartPole-v1", "--collect-ahead", "1"]).collect_ahead == 1
+    assert cli.build_parser().parse_args(["train", "CartPole-v1"]).collect_ahead is None
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "CartPole-v1", "--collect-ahead", "2"])

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -53,6 +54,7 @@ class Run:
     returncode: int
     output: str
     seconds: float
+    script: Path | None = None
 
     @property
     def lines(self) -> list[str]:
@@ -82,7 +84,7 @@ def run_script(
         text=True,
         timeout=timeout,
     )
-    return Run(proc.returncode, proc.stdout, time.monotonic() - start)
+    return Run(proc.returncode, proc.stdout, time.monotonic() - start, script)
 
 
 # --------------------------------------------------------------------------- the main guard
@@ -340,11 +342,131 @@ def test_a_failing_factory_gives_its_error_without_dasks_compute_failed_block(tm
     )
     assert run.returncode == 0, run.output
     assert "caught RuntimeError: no licence for this simulator" in run.output, run.output
-    assert "daskvec: while building envs" in run.output  # the envs it concerns, added by daskvec
+    assert "daskvec: raised by the factory of env 0 on worker tcp://" in run.output  # where, added by daskvec
     assert "Compute Failed" not in run.output, run.output
     # no Dask log line about daskvec's group tasks (a build cancelled when the client gave up included)
     assert "daskvec-group-" not in run.output, run.output
     assert "still alive" not in run.output, run.output
+
+
+# --------------------------------------------------------------------------- one cause, one short message
+#: The most a user's error may print, traceback header and notes included.
+SHORT_ERROR_LINES = 15
+
+
+def assert_one_short_error(run: Run, error: str, todo: str) -> None:
+    """``run`` ended on ``error`` (the exception line, its type as raised) within a few lines, the last saying ``todo``.
+
+    No chained screens, and none of the position markers (``^^^^``) of frames rebuilt
+    from another process: the only marker lines left are Python's under the user's own
+    line that called daskvec.
+    """
+    assert run.returncode == 1, run.output
+    assert len(run.lines) <= SHORT_ERROR_LINES, f"{len(run.lines)} lines:\n{run.output}"
+    assert run.lines[0] == "Traceback (most recent call last):", run.output
+    assert sum(line.startswith(error) for line in run.lines) == 1, run.output
+    assert todo in run.lines[-1], run.output
+    assert "The above exception was the direct cause" not in run.output, run.output
+    assert "During handling of the above exception" not in run.output, run.output
+    assert "site-packages" not in run.output, run.output  # neither Dask's frames nor Gymnasium's
+    markers = [i for i, line in enumerate(run.lines) if line.strip() and set(line.strip()) <= set("^~")]
+    assert all(run.lines[i - 2].startswith(f'  File "{run.script}"') for i in markers), run.output
+
+
+@pytest.mark.timeout(300)
+def test_an_env_id_typo_in_a_factory_is_one_short_error_saying_what_to_do(tmp_path: Path) -> None:
+    """Before: 57 lines, the worker's frames rebuilt with stray ``^^^^`` lines, then ``NameNotFound``."""
+    run = run_script(
+        tmp_path,
+        """\
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+        if __name__ == "__main__":
+            env = DaskVecEnv([lambda: gym.make("CartPol-v1")] * 2)
+            env.close()
+        """,
+    )
+    assert_one_short_error(run, "gymnasium.error.NameNotFound: ", "print(err.remote_traceback)")
+    assert "Did you mean: `CartPole`?" in run.output, run.output
+    assert re.search(r"raised by the factory of env \d on worker tcp://", run.output), run.output
+    assert "fix the factory" in run.lines[-1], run.output
+
+
+@pytest.mark.timeout(300)
+def test_a_raising_factory_is_one_short_error_whose_traceback_is_on_the_exception(tmp_path: Path) -> None:
+    """Before: 45 lines of daskvec's, Dask's and the worker's frames. The user's frame stays one print away."""
+    source = """\
+        import logging
+        import sys
+
+        from daskvec import DaskVecEnv
+
+
+        def make():
+            raise ValueError("no licence for this simulator")
+
+
+        if __name__ == "__main__":
+            if sys.argv[1:] == ["--debug"]:
+                logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
+            try:
+                env = DaskVecEnv([make] * 2)
+            except ValueError as err:
+                if sys.argv[1:] == ["--show"]:
+                    print(err.remote_traceback)
+                raise
+        """
+    run = run_script(tmp_path, source)
+    assert_one_short_error(run, "ValueError: no licence for this simulator", "print(err.remote_traceback)")
+    assert re.search(r"raised by the factory of env \d on worker tcp://", run.output), run.output
+    # what the last line says shows the factory's own frame, without position markers
+    script = tmp_path / "script.py"
+    shown = subprocess.run(
+        [sys.executable, str(script), "--show"],
+        cwd=tmp_path,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert ", line 8, in make" in shown.stdout, shown.stdout  # the line that raised
+    assert "ValueError: no licence for this simulator" in shown.stdout, shown.stdout
+    assert not any(line.strip() and set(line.strip()) <= set("^~") for line in shown.stdout.splitlines()), shown.stdout
+    # and so does the DEBUG log of the 'daskvec' logger
+    debug = subprocess.run(
+        [sys.executable, str(script), "--debug"],
+        cwd=tmp_path,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert re.search(r"^daskvec\S* DEBUG the full traceback of ValueError", debug.stderr, re.M), debug.stderr
+    assert ", line 8, in make" in debug.stderr, debug.stderr
+
+
+@pytest.mark.timeout(300)
+def test_an_unreachable_scheduler_address_is_one_short_error_saying_what_to_do(tmp_path: Path) -> None:
+    """Before: 62 lines, four chained exceptions (Dask's connection errors, then daskvec's)."""
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        run = run_script(
+            tmp_path,
+            f"""\
+            import gymnasium as gym
+
+            from daskvec import DaskVecEnv
+
+            if __name__ == "__main__":
+                env = DaskVecEnv([lambda: gym.make("CartPole-v1")] * 2, client="{address}", connect_timeout=2)
+                env.close()
+            """,
+        )
+    assert_one_short_error(run, f"ValueError: cannot reach a Dask scheduler at '{address}'", "check the address")
+    assert "`dask scheduler` is running" in run.lines[-1], run.output
 
 
 @pytest.mark.timeout(300)
@@ -382,6 +504,94 @@ def test_closing_the_embedded_cluster_prints_no_nanny_warning(tmp_path: Path) ->
     assert run.returncode == 0, run.output
     assert "closed in" in run.output
     assert "still alive" not in run.output and "killed by signal" not in run.output, run.output
+
+
+@pytest.mark.timeout(300)
+def test_closing_the_embedded_cluster_beside_busy_loops_waits_for_workers_still_exiting(tmp_path: Path) -> None:
+    """Two busy loops beside the cluster; each worker process works on its exit for 30 s (CPU, as a torch
+    interpreter's teardown does at a small share of a core on a loaded machine).
+
+    Before: "Worker process still alive after 24.0 seconds, killing", once per worker.
+    """
+    run = run_script(
+        tmp_path,
+        """\
+        import atexit
+        import multiprocessing
+        import time
+
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+
+        def work_until(deadline):
+            while time.monotonic() < deadline:
+                sum(range(10_000))
+
+
+        def exit_slowly():
+            work_until(time.monotonic() + 30)
+
+
+        def make():
+            # this process (a worker) will spend 30 s working on its exit, once
+            atexit.unregister(exit_slowly)
+            atexit.register(exit_slowly)
+            return gym.make("CartPole-v1")
+
+
+        if __name__ == "__main__":
+            busy = [multiprocessing.Process(target=work_until, args=(time.monotonic() + 600,)) for _ in range(2)]
+            for p in busy:
+                p.start()
+            try:
+                env = DaskVecEnv([make, make], cluster_kwargs={"n_workers": 2})
+                env.reset()
+                env.close()
+                print("closed", flush=True)
+            finally:
+                for p in busy:
+                    p.kill()
+                    p.join()
+    """,
+    )
+    assert run.returncode == 0, run.output
+    assert "closed" in run.lines, run.output
+    assert "still alive" not in run.output and "killed" not in run.output, run.output
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_process_stuck_in_its_exit_is_killed_with_one_line_of_daskvecs(tmp_path: Path) -> None:
+    """A worker process that makes no progress towards its exit (asleep for good) is killed, saying so once."""
+    run = run_script(
+        tmp_path,
+        """\
+        import atexit
+        import threading
+
+        import gymnasium as gym
+
+        from daskvec import DaskVecEnv
+
+
+        def make():
+            atexit.register(threading.Event().wait)  # this process (a worker) never ends by itself
+            return gym.make("CartPole-v1")
+
+
+        if __name__ == "__main__":
+            env = DaskVecEnv([make], cluster_kwargs={"n_workers": 1})
+            env.reset()
+            env.close()
+            print("closed", flush=True)
+    """,
+    )
+    assert run.returncode == 0, run.output
+    assert "closed" in run.lines, run.output
+    assert "still alive" not in run.output, run.output
+    killed = [line for line in run.lines if "made no progress towards its exit" in line]
+    assert len(killed) == 1 and "killed" in killed[0], run.output
 
 
 def _wait_for_group_to_end(pgid: int, timeout: float) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from daskvec.errors import (
     AlreadySteppingError,
     ClosedEnvError,
     DaskVecEnvError,
+    EnvBuildError,
     NoAsyncCallError,
     StepTimeoutError,
     WorkerLostError,
@@ -57,8 +59,13 @@ def test_env_exception_keeps_type_index_worker_traceback(
         assert exc.worker == group_of_2["worker"] in worker_addresses  # type: ignore[attr-defined]
         notes = "\n".join(getattr(exc, "__notes__", []))
         assert "env 2" in notes and group_of_2["worker"] in notes
-        assert "Traceback (most recent call last)" in notes
-        assert "in step" in notes and "EnvCrashed: env crashed at step 3" in notes  # the frame that raised
+        assert "remote_traceback" in notes.splitlines()[-1]  # the last line says where the traceback is
+        assert "Traceback (most recent call last)" not in notes  # kept on the exception, not printed with it
+        remote = exc.remote_traceback  # type: ignore[attr-defined]
+        assert remote.startswith("Traceback (most recent call last)")
+        assert "in step" in remote and "EnvCrashed: env crashed at step 3" in remote  # the frame that raised
+        assert not any(set(line.strip()) <= set("^~") for line in remote.splitlines())  # no position markers
+        assert exc.__traceback__ is not None and exc.__cause__ is None  # only the client's own frames
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -140,6 +147,45 @@ def test_factories_returning_the_same_instance(dclient: Any, worker_addresses: l
 
     with pytest.raises(ValueError, match="same environment instance"):
         DaskVecEnv([shared, shared], client=dclient, workers=worker_addresses[:1])
+
+
+def _window_cartpole() -> Any:
+    """CartPole rendering to a window (pygame), on a worker without a display."""
+    import gymnasium as gym
+
+    os.environ.pop("DISPLAY", None)
+    os.environ.pop("WAYLAND_DISPLAY", None)
+    return gym.make("CartPole-v1", render_mode="human")
+
+
+@pytest.mark.timeout(120)
+def test_envs_rendering_to_a_window_answer_within_seconds(dclient: Any, worker_addresses: list[str]) -> None:
+    """Two groups of ``render_mode="human"`` envs on one worker process: refused at once, saying why and what
+    to do (before: the second group's window failed at the first reset with ``EGL_BAD_ACCESS``, crashed the
+    worker, or blocked until the build timeout); each group in an env process of its own: they step.
+
+    Every wait is bounded by ``timeout=30``.
+    """
+    pytest.importorskip("pygame", reason="CartPole renders to a window with pygame")
+    with pytest.raises(EnvBuildError, match=r"render to a window \(render_mode='human'\)") as info:
+        DaskVecEnv([_window_cartpole] * 2, client=dclient, workers=worker_addresses[:1], envs_per_actor=1, timeout=30)
+    assert "env_process=True" in str(info.value)
+
+    venv = DaskVecEnv(
+        [_window_cartpole] * 2,
+        client=dclient,
+        workers=worker_addresses[:1],
+        envs_per_actor=1,
+        env_process=True,
+        timeout=30,
+    )
+    try:
+        assert len(venv.groups) == 2
+        venv.reset()
+        obs, _, _, _ = venv.step(np.zeros(2, dtype=np.int64))
+        assert obs.shape == (2, 4)
+    finally:
+        venv.close()
 
 
 def test_envs_with_different_spaces(dclient: Any) -> None:
@@ -504,7 +550,6 @@ def _profiler_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.timeout(180)
 def test_warns_once_per_worker_that_profiles_on_python_311(dclient: Any, caplog: pytest.LogCaptureFixture) -> None:
     import logging
-    import sys
 
     import dask
     from distributed import Client, LocalCluster
@@ -530,6 +575,44 @@ def test_warns_once_per_worker_that_profiles_on_python_311(dclient: Any, caplog:
         if hazard:  # the line to add where these workers get their config: this process's
             assert 'add `dask.config.set({"distributed.worker.profile.enabled": False})`' in warned[0]
             assert env.groups[0]["worker"] in warned[0]
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the profiler hazard concerns Python 3.11 only")
+def test_one_profiler_warning_names_every_worker_of_the_cluster(caplog: pytest.LogCaptureFixture) -> None:
+    """A user's own LocalCluster with Dask's default profiler: one warning naming its workers, not one per worker.
+
+    Four worker processes rather than eight, for a 2-core machine: one line for four
+    shows the same as one for eight. Worker threads of this process (``processes=False``)
+    would show the warning as well, but their profiler would then sample this test
+    process's threads, where the hazard warned about could freeze the suite itself.
+    """
+    import logging
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    caplog.set_level(logging.WARNING, logger="daskvec")
+    with (
+        dask.config.set({"distributed.worker.profile.enabled": True}),
+        LocalCluster(
+            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        workers = sorted(client.scheduler_info()["workers"])
+        assert len(workers) == 4
+        with DaskVecEnv(counting(4), client=client, envs_per_actor=1, timeout=60) as env:
+            assert sorted({g["worker"] for g in env.groups}) == workers  # one group on each worker
+        warned = _profiler_warnings(caplog)
+        assert len(warned) == 1, warned
+        assert warned[0].startswith(f"workers {', '.join(workers)} run Dask's profiler"), warned[0]
+        assert "\n" not in warned[0]  # one line
+        # a second vec env on the same cluster names no worker again
+        with DaskVecEnv(counting(4), client=client, envs_per_actor=1, timeout=60):
+            pass
+        assert len(_profiler_warnings(caplog)) == 1
 
 
 def test_an_env_that_restarts_constantly_logs_rate_limited_warnings_and_counts_exactly(

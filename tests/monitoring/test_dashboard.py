@@ -8,6 +8,7 @@ the action as reward and ends episodes after ``horizon`` steps).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -657,3 +658,114 @@ def test_an_actor_released_before_it_was_made_is_not_counted(fresh: tuple[Any, A
     assert (snap.groups, groups) == (0, 0), f"counted {snap.groups} groups; ws.actors holds {stale}"
     assert not any(KeepEnvWorkers.holds_envs(ws) for ws in scheduler.workers.values())
     assert "No DaskVecEnv is running" in page.status.text
+
+
+# --------------------------------------------------------------------------- the learner's timeline
+def test_learner_timeline_is_bounded_and_in_epoch_seconds() -> None:
+    timeline = metrics.LearnerTimeline(maxlen=3)
+    base = time.perf_counter()
+    for i in range(5):
+        timeline.add("training", base + i, base + i + 0.5)
+    timeline.add("waiting", base + 9, base + 9)  # empty: draws nothing, kept out
+    with pytest.raises(ValueError, match="napping"):
+        timeline.add("napping", base, base + 1)
+    before = time.time()
+    intervals = timeline.intervals()
+    assert [i[0] for i in intervals] == ["training"] * 3  # the last three
+    # perf_counter readings from now on come out as the epoch seconds of now on
+    assert intervals[0][1] == pytest.approx(before + 2, abs=0.05) and intervals[-1][2] - intervals[-1][1] == 0.5
+    timer = ClientTimer()
+    assert metrics.client_message(timer, num_envs=1)["timeline"] == []
+    timer.timeline.add("collecting", base, base + 1)
+    (msg,) = metrics.client_message(timer, num_envs=1)["timeline"]
+    assert msg[0] == "collecting" and json.loads(json.dumps(msg)) == msg
+
+
+def test_timeline_reads_old_and_malformed_events_without_error() -> None:
+    now = 1000.0
+    good = [["collecting", now - 3, now - 2], ["training", now - 3, now - 1], ["waiting", now - 1, now - 0.5]]
+    msgs = [
+        {**_msg("old", now, 1.0, 1.0, 1.0)},  # a client from before the timeline: none
+        {**_msg("learner", now - 5, 1.0, 1.0, 1.0), "timeline": good},
+        {**_msg("bad", now - 1, 1.0, 1.0, 1.0), "timeline": "garbage"},
+        {
+            **_msg("half", now - 2, 1.0, 1.0, 1.0),
+            "timeline": [["waiting", "x", 1.0], ["napping", 1.0, 2.0], ["training", 5.0, 4.0], ["waiting"], 7],
+        },
+    ]
+    assert all(dashboard.data._well_formed(m) for m in msgs)  # the time split still reads every one
+    t, live = dashboard.data._timeline(msgs, now)
+    assert live and t == {
+        "row": ["envs", "learner", "learner"],
+        "kind": ["collecting", "training", "waiting"],
+        "start": [now - 3, now - 3, now - 1],
+        "end": [now - 2, now - 1, now - 0.5],
+    }
+    # a newer event of the same learner replaces its picture; no learner at all: an empty one
+    newer = {**_msg("learner", now - 4, 1.0, 1.0, 1.0), "timeline": good[:1]}
+    assert dashboard.data._timeline([*msgs, newer], now)[0]["kind"] == ["collecting"]
+    assert dashboard.data._timeline(msgs[:1], now) == ({c: [] for c in dashboard.TIMELINE_COLUMNS}, False)
+    closed = {**newer, "closed": True}
+    assert dashboard.data._timeline([*msgs, closed], now)[1] is False  # its last run
+
+
+def _intervals_of(timeline: dict[str, list[Any]], kind: str) -> list[tuple[float, float]]:
+    return [(s, e) for k, s, e in zip(timeline["kind"], timeline["start"], timeline["end"], strict=True) if k == kind]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("ahead", [1, 0], ids=["collect-ahead", "in-turn"])
+def test_a_learners_timeline_reaches_the_page(fresh: tuple[Any, Any], ahead: int) -> None:
+    """A real DaskPPO's intervals reach the snapshot and the page; collecting ahead, the envs collect as it trains."""
+    import torch
+
+    from daskvec import DaskVecEnv
+    from daskvec.sb3 import DaskPPO
+
+    cluster, client = fresh
+    scheduler = cluster.scheduler
+    rollouts = 6
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    env = DaskVecEnv([lambda: CountingEnv(horizon=HORIZON) for _ in range(N_ENVS)], client=client, timeout=60)
+    try:
+        started = time.time()
+        model = DaskPPO(
+            "MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=2, seed=0, device="cpu", collect_ahead=ahead
+        )
+        model.learn(16 * N_ENVS * rollouts)
+        assert len(env.timer.timeline) > 0
+    finally:
+        torch.set_num_threads(threads)
+        env.close()  # its last event carries the whole run
+    ended = time.time()
+    # a client from before the timeline logs after it: the picture stays the learner's
+    client.log_event(CLIENT_TOPIC, _msg("old", time.time(), 1.0, 1.0, 1.0))
+    wait_until(lambda: any(m.get("id") == "old" for _, m in scheduler.get_events(CLIENT_TOPIC)), 30, "the old event")
+    snap = dashboard.snapshot(scheduler)
+    t = snap.timeline
+    assert snap.split_live and not snap.timeline_live  # the old client runs, the learner closed
+    assert set(t) == set(dashboard.TIMELINE_COLUMNS)
+    collecting, training = _intervals_of(t, "collecting"), _intervals_of(t, "training")
+    waiting, replaying = _intervals_of(t, "waiting"), _intervals_of(t, "replaying")
+    assert len(collecting) == len(waiting) == rollouts, t["kind"]
+    assert len(training) == len(replaying) == rollouts - 1, t["kind"]
+    for kind, row in zip(t["kind"], t["row"], strict=True):
+        assert row == ("envs" if kind == "collecting" else "learner")
+    for start, end in zip(t["start"], t["end"], strict=True):
+        assert started - 1 <= start <= end <= ended + 1
+    # the learner's row is one interval after the other: replay, train, wait, and again
+    learner = sorted(i for i in zip(t["start"], t["end"], t["kind"], strict=True) if i[2] != "collecting")
+    assert [k for _, _, k in learner] == ["waiting", *["replaying", "training", "waiting"] * (rollouts - 1)]
+    assert all(a[1] <= b[0] + 1e-6 for a, b in itertools.pairwise(learner))
+    for (c_start, _), (t_start, t_end) in zip(collecting[1:], training, strict=True):
+        if ahead:  # sent before the training began: the envs collect while the learner trains
+            assert c_start < t_start
+        else:  # sent when the learner asked for it, after training
+            assert c_start >= t_end
+    page = dashboard.DaskvecDashboard(scheduler)
+    page.update()
+    data = page.timeline.source.data
+    assert list(data["kind"]) == t["kind"] and list(data["start"]) == [s * 1000.0 for s in t["start"]]
+    assert list(data["color"]) == [dashboard.TIMELINE_COLORS[k] for k in t["kind"]]
+    assert page.timeline.root.title.text.endswith("(last run)")

@@ -5,7 +5,10 @@ processes; a ``DaskVecEnv`` steps on them from a background thread while Debian'
 headless chromium opens the page. The browser is driven over the DevTools protocol:
 the test reads the per-worker data that BokehJS received, and checks the screenshot's
 pixels for the per-worker bars. Set ``DASKVEC_SCREENSHOT=path.png`` to keep the
-screenshot (``docs/img/dashboard.png`` comes from here).
+screenshot (``docs/img/dashboard.png`` comes from here). The timeline of collection
+against learning is checked the same way while a ``DaskPPO`` with ``collect_ahead=1``
+trains; ``DASKVEC_TIMELINE_SCREENSHOT=path.png`` keeps its screenshot
+(``docs/img/dashboard-timeline.png``).
 """
 
 from __future__ import annotations
@@ -220,8 +223,10 @@ def start_chromium(profile: Path) -> tuple[subprocess.Popen[bytes], int]:
     return proc, int(active.read_text().split()[0])
 
 
-async def open_page(devtools_port: int, url: str, accept: Any, timeout: float) -> tuple[dict[str, Any], bytes]:
-    """Open ``url``; poll the page's Bokeh data until ``accept(state)``; return it and a PNG screenshot."""
+async def open_page(
+    devtools_port: int, url: str, accept: Any, timeout: float, script: str = PAGE_STATE_JS
+) -> tuple[dict[str, Any], bytes]:
+    """Open ``url``; poll the page's Bokeh data (``script``) until ``accept(state)``; return it and a PNG screenshot."""
     from tornado.websocket import websocket_connect
 
     with urllib.request.urlopen(f"http://127.0.0.1:{devtools_port}/json/list", timeout=30) as r:
@@ -234,7 +239,7 @@ async def open_page(devtools_port: int, url: str, accept: Any, timeout: float) -
         deadline = time.monotonic() + timeout
         state: dict[str, Any] = {}
         while True:
-            raw = await dt.evaluate(PAGE_STATE_JS)
+            raw = await dt.evaluate(script)
             state = json.loads(raw) if raw else {}
             if state.get("ready") and accept(state):
                 break
@@ -248,12 +253,12 @@ async def open_page(devtools_port: int, url: str, accept: Any, timeout: float) -
         conn.close()
 
 
-def bar_rows(png: bytes) -> list[tuple[int, int, int]]:
-    """Horizontal runs of screenshot rows containing the bar colour: (first row, last row, pixels)."""
+def bar_rows(png: bytes, color: str = dashboard.BAR_COLOR) -> list[tuple[int, int, int]]:
+    """Horizontal runs of screenshot rows containing ``color``: (first row, last row, pixels)."""
     from PIL import Image
 
     img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.int16)
-    target = np.array([int(dashboard.BAR_COLOR[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.int16)
+    target = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.int16)
     mask = np.all(np.abs(img - target) <= 12, axis=-1)
     per_row = mask.sum(axis=1)
     runs: list[tuple[int, int, int]] = []
@@ -307,3 +312,130 @@ def test_browser_renders_per_worker_data(port: int, client: Any, stepping: Stepp
     # one bar per worker, each drawn with a visible length
     assert len(runs) == 2, f"expected a bar per worker in the screenshot, found rows {runs}"
     assert all(pixels > 200 for _, _, pixels in runs), runs
+
+
+# --------------------------------------------------------------------------- the learner's timeline
+ROLLOUT_STEPS = 128
+TIMELINE_STATE_JS = """
+(() => {
+  const B = window.Bokeh;
+  if (!B || !B.documents || B.documents.length === 0) return JSON.stringify({ready: false});
+  const doc = B.documents[0];
+  const source = doc.get_model_by_name("daskvec-timeline");
+  const plot = doc.get_model_by_name("daskvec-timeline-plot");
+  if (!source || !plot) return JSON.stringify({ready: false});
+  const col = (c) => Array.from(source.get_column(c) || []);
+  return JSON.stringify({
+    ready: true,
+    title: plot.title.text,
+    row: col("row"),
+    kind: col("kind"),
+    start: col("start"),
+    end: col("end"),
+    color: col("color"),
+  });
+})()
+"""
+
+
+class Training:
+    """A DaskPPO with ``collect_ahead=1`` learning in a background thread until stopped (at most ``limit`` s)."""
+
+    def __init__(self, client: Any, limit: float = 150.0) -> None:
+        import gymnasium as gym
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        from daskvec import DaskVecEnv
+        from daskvec.sb3 import DaskPPO
+
+        self.env = DaskVecEnv([lambda: gym.make("CartPole-v1") for _ in range(N_ENVS)], client=client, timeout=60)
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        deadline = time.monotonic() + limit
+        stop = self._stop
+
+        class Until(BaseCallback):
+            def _on_step(self) -> bool:
+                return not stop.is_set() and time.monotonic() < deadline
+
+        self._until = Until()
+        # rollouts and training of comparable length on this machine, so that both rows show
+        self.model = DaskPPO(
+            "MlpPolicy",
+            self.env,
+            n_steps=ROLLOUT_STEPS,
+            batch_size=128,
+            n_epochs=4,
+            seed=0,
+            device="cpu",
+            collect_ahead=1,
+        )
+        self._thread = threading.Thread(target=self._run, name="daskvec-test-learner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.model.learn(10**9, callback=self._until)
+        except BaseException as e:  # reported by stop()
+            self.error = e
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the learning thread did not stop"
+        self.env.close()
+        if self.error is not None:
+            raise self.error
+
+
+def tallest_band(png: bytes, color: str) -> tuple[int, int]:
+    """The tallest run of screenshot rows drawn in ``color`` (a bar, not a legend swatch): (first row, last row)."""
+    runs = bar_rows(png, color)
+    assert runs, f"nothing drawn in {color}"
+    first, last, _ = max(runs, key=lambda r: r[1] - r[0])
+    return first, last
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not have_chromium(), reason="Debian's chromium is not installed (CI installs it)")
+def test_browser_draws_the_learners_timeline(port: int, client: Any, tmp_path: Path, one_torch_thread: None) -> None:
+    """While a DaskPPO collects ahead, the timeline page shows both rows: the envs collecting, the learner training."""
+    training = Training(client)
+    profile = tmp_path / "chromium"
+    profile.mkdir()
+    proc, devtools_port = start_chromium(profile)
+
+    def accept(state: dict[str, Any]) -> bool:
+        kinds = state["kind"]
+        # well into the run (the first rollout, which waits for the workers' policy, out of
+        # the picture), and every kind of interval on the page
+        rollouts = training.model.num_timesteps // (ROLLOUT_STEPS * N_ENVS)
+        return rollouts >= 32 and kinds.count("collecting") >= 20 and {"training", "waiting", "replaying"} <= set(kinds)
+
+    try:
+        url = f"http://127.0.0.1:{port}/individual-daskvec-timeline"
+        state, png = asyncio.run(open_page(devtools_port, url, accept, timeout=150, script=TIMELINE_STATE_JS))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        training.stop()
+    (tmp_path / "dashboard-timeline.png").write_bytes(png)
+    keep = os.environ.get("DASKVEC_TIMELINE_SCREENSHOT")
+    if keep:
+        Path(keep).write_bytes(png)
+    assert state["title"] == "Collection against learning", state["title"]
+    for kind, row, color, start, end in zip(
+        state["kind"], state["row"], state["color"], state["start"], state["end"], strict=True
+    ):
+        assert row == ("envs" if kind == "collecting" else "learner"), (kind, row)
+        assert color == dashboard.TIMELINE_COLORS[kind] and end >= start
+    # drawn: the envs' bars in a band above the learner's training bars, each a bar's height
+    envs = tallest_band(png, dashboard.TIMELINE_COLORS["collecting"])
+    learner = tallest_band(png, dashboard.TIMELINE_COLORS["training"])
+    assert envs[1] < learner[0], (envs, learner)
+    assert min(envs[1] - envs[0], learner[1] - learner[0]) > 50, (envs, learner)

@@ -142,18 +142,8 @@ def test_the_wheel_carries_the_library_not_the_test_bed(wheel: Path) -> None:
     assert not found, f"the wheel names the test bed: {sorted(found)}"
 
 
-@pytest.mark.slow
-@pytest.mark.processes
-def test_wheel_installed_alone_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
-    assert wheel.name == f"daskvec-{daskvec.__version__}-py3-none-any.whl"
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"daskvec/__init__.py", "daskvec/py.typed", "daskvec/daskvec.yaml"} <= names
-    # the licence the metadata declares travels with the wheel
-    info = f"daskvec-{daskvec.__version__}.dist-info"
-    assert f"{info}/licenses/LICENSE" in names
-    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
-    assert "License-Expression: BSD-3-Clause" in metadata and "License-File: LICENSE" in metadata
-
+def _venv_with_the_wheel(wheel: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A fresh venv with the wheel alone installed, its dependencies the running environment's: (venv, site dir)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
@@ -168,6 +158,65 @@ def test_wheel_installed_alone_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> N
     # The dependencies: the running environment's site-packages, after the venv's own.
     deps = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     (site_dir / "_running_env_deps.pth").write_text("".join(f"{d}\n" for d in deps))
+    return venv, site_dir
+
+
+#: A module that makes the venv's interpreters (the Dask workers' too) see no matplotlib, as
+#: if the ``bench`` extra were not installed: the running environment, whose site-packages
+#: the venv shares, has it.
+HIDE_MATPLOTLIB = """
+import sys
+
+
+class _NoMatplotlib:
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoMatplotlib())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+def test_the_docs_bench_command_runs_from_the_wheel_without_matplotlib(wheel: Path, tmp_path: Path) -> None:
+    """``daskvec bench`` as docs/benchmark.md shows it (its cheap form), installed without the ``bench`` extra.
+
+    The table is printed and the chart skipped with one line saying how to get it,
+    instead of a ``ModuleNotFoundError`` after the whole run.
+    """
+    venv, site_dir = _venv_with_the_wheel(wheel, tmp_path)
+    (site_dir / "_hide_matplotlib.py").write_text(HIDE_MATPLOTLIB)
+    (site_dir / "_hide_matplotlib.pth").write_text("import _hide_matplotlib\n")
+    hidden = _run([str(venv / "bin" / "python"), "-c", "import matplotlib"], tmp_path)
+    assert "No module named 'matplotlib'" in hidden.stderr, "the venv still imports matplotlib"
+
+    out = tmp_path / "out"
+    cheap = ["--envs", "2", "--seconds", "0.5", "--warmup", "0", "--settle", "0", "--vec-envs", "dummy,dask"]
+    bench = _run([str(venv / "bin" / "daskvec"), "bench", "--scenario", "light", *cheap, "--out", str(out)], tmp_path)
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert "Traceback" not in bench.stdout + bench.stderr, bench.stdout + bench.stderr
+    assert "DaskVecEnv" in bench.stdout and "DummyVecEnv" in bench.stdout, bench.stdout
+    assert 'no chart: it needs matplotlib (pip install "daskvec[bench]")' in bench.stdout.splitlines()
+    assert list(out.glob("bench-*.json")) and not list(out.glob("*.png"))
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+def test_wheel_installed_alone_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
+    assert wheel.name == f"daskvec-{daskvec.__version__}-py3-none-any.whl"
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"daskvec/__init__.py", "daskvec/py.typed", "daskvec/daskvec.yaml"} <= names
+    # the licence the metadata declares travels with the wheel
+    info = f"daskvec-{daskvec.__version__}.dist-info"
+    assert f"{info}/licenses/LICENSE" in names
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: BSD-3-Clause" in metadata and "License-File: LICENSE" in metadata
+
+    venv, site_dir = _venv_with_the_wheel(wheel, tmp_path)
+    python = venv / "bin" / "python"
 
     version = _run([str(venv / "bin" / "daskvec"), "--version"], tmp_path)
     assert version.returncode == 0, version.stderr

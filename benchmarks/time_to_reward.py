@@ -1,0 +1,280 @@
+"""Time to reward: wall-clock seconds until a deterministic evaluation reaches a threshold.
+
+``daskvec bench --scenario time-to-reward`` (or :func:`run_time_to_reward`) trains each case
+on the same seeds, the cases alternated within each seed, and stops a run at the first
+evaluation (every ``eval_every`` env-steps, ``eval_episodes`` deterministic episodes on a
+seeded env of its own) whose mean return reaches the threshold. The clock starts before
+the vec env is made (construction included) and is paused while evaluating (every case
+pays the same evaluations; they are not what is compared).
+
+Cases (RL Zoo's tuned hyperparameters, schedules made constant):
+
+- CartPole-v1 (threshold 475), PPO with 8 envs: ``ppo-dummy`` (SB3's PPO on
+  ``DummyVecEnv``), ``ppo-subproc`` (on ``SubprocVecEnv``), ``ppo-dask`` (on ``DaskVecEnv``),
+  ``daskppo`` (collecting on the workers) and ``daskppo-ahead`` (``collect_ahead=1``);
+- Pendulum-v1 (threshold -250), SAC with 4 envs: ``sac-dummy``, ``dasksac`` and
+  ``dasksac-ahead``.
+
+``env_delay`` adds a ``time.sleep`` to every env step: an env whose step waits (on a
+simulator in another process, a robot, a remote service) rather than computes. On one
+machine that is the only way the envs' time is not the learner's CPU: with CPU-bound envs
+on 2 cores, the learner and the envs share the cores, and overlapping them mostly trades
+one for the other.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from daskvec.bench.machine import machine_info
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CASES", "format_time_to_reward_table", "run_time_to_reward"]
+
+#: RL Zoo's PPO hyperparameters for CartPole-v1 (schedules made constant), 8 envs.
+ZOO_PPO_CARTPOLE: dict[str, Any] = {
+    "n_steps": 32,
+    "batch_size": 256,
+    "gae_lambda": 0.8,
+    "gamma": 0.98,
+    "n_epochs": 20,
+    "ent_coef": 0.0,
+    "learning_rate": 1e-3,
+    "clip_range": 0.2,
+}
+#: RL Zoo's SAC hyperparameters for Pendulum-v1 (learning rate 1e-3), collected 8 vec-steps at a time.
+ZOO_SAC_PENDULUM: dict[str, Any] = {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 8}
+
+#: case -> (env id, algorithm, vec env, collect_ahead)
+CASES: dict[str, tuple[str, str, str, int | None]] = {
+    "ppo-dummy": ("CartPole-v1", "ppo", "dummy", None),
+    "ppo-subproc": ("CartPole-v1", "ppo", "subproc", None),
+    "ppo-dask": ("CartPole-v1", "ppo", "dask", None),
+    "daskppo": ("CartPole-v1", "daskppo", "dask", 0),
+    "daskppo-ahead": ("CartPole-v1", "daskppo", "dask", 1),
+    "sac-dummy": ("Pendulum-v1", "sac", "dummy", None),
+    "dasksac": ("Pendulum-v1", "dasksac", "dask", 0),
+    "dasksac-ahead": ("Pendulum-v1", "dasksac", "dask", 1),
+}
+THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -250.0}
+N_ENVS = {"CartPole-v1": 8, "Pendulum-v1": 4}
+
+
+class Waiting(gym.Wrapper[Any, Any, Any, Any]):
+    """An env whose step takes ``delay`` seconds of waiting (not of computing)."""
+
+    def __init__(self, env: gym.Env[Any, Any], delay: float) -> None:
+        super().__init__(env)
+        self.delay = delay
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.delay)
+        return self.env.step(action)
+
+
+class _MakeEnv:
+    """A picklable env factory: ``env_id``, made to wait ``delay`` seconds a step."""
+
+    def __init__(self, env_id: str, delay: float) -> None:
+        self.env_id, self.delay = env_id, delay
+
+    def __call__(self) -> gym.Env[Any, Any]:
+        env = gym.make(self.env_id)
+        return Waiting(env, self.delay) if self.delay > 0 else env
+
+
+def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    env = gym.make(env_id)
+    env.reset(seed=seed)
+    try:
+        rewards, _ = evaluate_policy(
+            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+        )
+    finally:
+        env.close()
+    return float(np.mean(rewards))
+
+
+def _make_model(case: str, seed: int, env_delay: float, client: Any) -> Any:
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from daskvec.sb3 import DaskPPO, DaskSAC
+    from daskvec.sb3.vec_env import DaskVecEnv
+
+    env_id, algo, kind, ahead = CASES[case]
+    vec_cls: Any = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv, "dask": DaskVecEnv}[kind]
+    kwargs: dict[str, Any] = {"client": client} if kind == "dask" else {}
+    env = make_vec_env(
+        _MakeEnv(env_id, env_delay), n_envs=N_ENVS[env_id], seed=seed, vec_env_cls=vec_cls, vec_env_kwargs=kwargs
+    )
+    cls: Any = {"ppo": PPO, "daskppo": DaskPPO, "sac": SAC, "dasksac": DaskSAC}[algo]
+    hyper = dict(ZOO_PPO_CARTPOLE if env_id == "CartPole-v1" else ZOO_SAC_PENDULUM)
+    if ahead is not None:
+        hyper["collect_ahead"] = ahead
+    return cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hyper)
+
+
+def _run_case(
+    case: str,
+    seed: int,
+    env_delay: float,
+    eval_every: int,
+    eval_episodes: int,
+    max_steps: int,
+    client: Any,
+    threshold: float | None = None,
+) -> dict[str, Any]:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    env_id = CASES[case][0]
+    goal: float = THRESHOLDS[env_id] if threshold is None else threshold
+    curve: list[tuple[float, int, float]] = []
+    paused = [0.0]
+    started = time.perf_counter()
+
+    class _Evaluate(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next = eval_every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps < self.next:
+                return True
+            self.next += eval_every
+            t0 = time.perf_counter()
+            elapsed = t0 - started - paused[0]  # the wall clock so far, without the evaluations before
+            score = _evaluate(self.model, env_id, eval_episodes, seed=10_000 + seed)
+            paused[0] += time.perf_counter() - t0
+            curve.append((elapsed, self.num_timesteps, score))
+            return score < goal
+
+    model = _make_model(case, seed, env_delay, client)
+    try:
+        model.learn(max_steps, callback=_Evaluate())
+    finally:
+        model.get_env().close()
+    reached = next((c for c in curve if c[2] >= goal), None)
+    return {
+        "case": case,
+        "seed": seed,
+        "seconds": None if reached is None else round(reached[0], 3),
+        "steps": None if reached is None else reached[1],
+        "curve": [{"seconds": round(s, 3), "steps": n, "return": round(r, 2)} for s, n, r in curve],
+    }
+
+
+def run_time_to_reward(
+    cases: Sequence[str] = ("ppo-dummy", "daskppo", "daskppo-ahead"),
+    seeds: Sequence[int] = (0, 1, 2),
+    env_delay: float = 0.0,
+    eval_every: int = 4096,
+    eval_episodes: int = 5,
+    max_steps: int = 200_000,
+    scheduler: str | None = None,
+    out_path: Path | None = None,
+    threshold: float | None = None,
+) -> dict[str, Any]:
+    """Train every case on every seed (cases alternated within a seed, their order rotated); medians and ratios.
+
+    Returns the runs, each case's median seconds and its ratio to the first case's, and
+    writes them as JSON to ``out_path`` if given. ``threshold`` replaces the envs' own
+    (475 on CartPole-v1, -250 on Pendulum-v1); a run that never reaches it within
+    ``max_steps`` has no time, and its case no median.
+    """
+    from dask.distributed import Client, LocalCluster
+
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        raise ValueError(f"unknown time-to-reward cases {unknown}; choose from {sorted(CASES)}")
+    cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
+    client = Client(scheduler or cluster)
+    runs = []
+    try:
+        for k, seed in enumerate(seeds):
+            order = list(cases[k % len(cases) :]) + list(cases[: k % len(cases)])
+            for case in order:
+                run = _run_case(case, seed, env_delay, eval_every, eval_episodes, max_steps, client, threshold)
+                logger.info("time to reward: %s seed %d: %s s", case, seed, run["seconds"])
+                runs.append(run)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    medians = {}
+    for case in cases:
+        times = [r["seconds"] for r in runs if r["case"] == case]
+        medians[case] = None if any(t is None for t in times) else float(np.median(times))
+    base = medians[cases[0]]
+    result = {
+        "scenario": "time-to-reward",
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "env_delay": env_delay,
+        "eval_every": eval_every,
+        "eval_episodes": eval_episodes,
+        "seeds": list(seeds),
+        "runs": runs,
+        "median_seconds": medians,
+        "ratio_to_first": {c: None if m is None or not base else round(m / base, 3) for c, m in medians.items()},
+    }
+    if out_path is not None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_time_to_reward_table(result: dict[str, Any]) -> str:
+    """The cases' median seconds to the threshold, each run's, and the ratio to the first case."""
+    lines = [
+        f"time to reward (env delay {result['env_delay'] * 1000:.3g} ms a step; seeds {result['seeds']}; "
+        "wall seconds, construction included, evaluations excluded)",
+        f"{'case':<15}{'median s':>10}{'ratio':>8}  runs",
+    ]
+    for case, median in result["median_seconds"].items():
+        runs = [r["seconds"] for r in result["runs"] if r["case"] == case]
+        shown = " ".join("never" if s is None else f"{s:.1f}" for s in runs)
+        ratio = result["ratio_to_first"][case]
+        lines.append(
+            f"{case:<15}{'-' if median is None else f'{median:.1f}':>10}{'-' if ratio is None else f'{ratio:.2f}':>8}"
+            f"  {shown}"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(result: dict[str, Any], path: Path) -> Path:
+    """Return against wall-clock seconds, one line per run, a colour per case (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours: dict[str, Any] = {}
+    for run in result["runs"]:
+        xs = [c["seconds"] for c in run["curve"]]
+        ys = [c["return"] for c in run["curve"]]
+        label = None if run["case"] in colours else run["case"]
+        (line,) = ax.plot(xs, ys, color=colours.get(run["case"]), label=label, alpha=0.8)
+        colours.setdefault(run["case"], line.get_color())
+    ax.set_xlabel("wall-clock seconds (evaluations excluded)")
+    ax.set_ylabel("deterministic evaluation return")
+    ax.set_title(f"time to reward, env delay {result['env_delay'] * 1000:.3g} ms a step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
