@@ -6,8 +6,10 @@ Every error that daskvec raises on its own account derives from
 code written for ``gymnasium.vector.AsyncVectorEnv`` catches them as it catches
 Gymnasium's, and code written for daskvec as before. Errors raised *by an environment* on a worker are
 re-raised on the client with their original type (an ``AttributeError`` stays an
-``AttributeError``); daskvec only adds a note with the env index, the worker's
-address and the remote traceback, and sets ``exc.env_index`` and ``exc.worker``.
+``AttributeError``); daskvec only adds notes saying which env on which worker raised
+it and how to see the full traceback, and sets ``exc.env_index``, ``exc.worker`` and
+``exc.remote_traceback`` (the traceback formatted on the worker, also logged by the
+``daskvec`` logger at DEBUG). The same holds for an exception raised by an env factory.
 """
 
 from __future__ import annotations
