@@ -84,7 +84,13 @@ def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any) -> dict
     env_id, n_envs, timesteps, hyper = SETTINGS[algo]
     cls: Any = DaskPPO if algo == "ppo" else DaskSAC
     started = time.perf_counter()
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=DaskVecEnv, vec_env_kwargs={"client": client})
+    env = make_vec_env(
+        env_id,
+        n_envs=n_envs,
+        seed=seed,
+        vec_env_cls=DaskVecEnv,  # type: ignore[arg-type]
+        vec_env_kwargs={"client": client},
+    )
     try:
         model = cls("MlpPolicy", env, seed=seed, device="cpu", collect_ahead=ahead, **hyper)
         model.learn(timesteps)
