@@ -200,7 +200,11 @@ def run_time_to_reward(
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise ValueError(f"unknown time-to-reward cases {unknown}; choose from {sorted(CASES)}")
-    cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
+    import dask
+
+    # Dask's profiler on Python 3.11 can deadlock a worker while env groups start their threads
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
     client = Client(scheduler or cluster)
     runs = []
     try:
