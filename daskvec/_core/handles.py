@@ -18,7 +18,7 @@ import numpy as np
 from daskvec.protocol.messages import GroupDesc, RemoteError, StepReply
 from daskvec.transport import Channel
 
-__all__ = ["WAITING", "Group", "PendingRequest", "StepOutcome", "answers"]
+__all__ = ["WAITING", "Group", "PendingRequest", "StepOutcome", "WorkerFrozen", "answers"]
 
 
 @dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
@@ -170,6 +170,17 @@ class StepOutcome:
 def answers(reply: Any, kind: type) -> bool:
     """Whether ``reply`` is the answer a request expected (``kind``: ``object`` for any value), not an error."""
     return isinstance(reply, kind) and not isinstance(reply, (RemoteError, BaseException))
+
+
+class WorkerFrozen(TimeoutError):
+    """What stands for the reply of a group whose worker left another group's request unanswered.
+
+    Such a group is given up without being asked anything (:meth:`GroupPool.doom
+    <daskvec._core.pool.GroupPool.doom>`): its worker is frozen, or stuck in a hung
+    step, and waiting for it again would cost another ``step_timeout``. A timeout
+    (``reason="timeout"``) like any other, except that it does not doom the groups
+    rebuilt since on the same worker.
+    """
 
 
 #: The reply of a group in flight that has not been read yet.

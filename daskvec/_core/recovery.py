@@ -28,7 +28,7 @@ import numpy as np
 
 from daskvec._core import dask_internals as _dask
 from daskvec._core.directory import Layout, WorkerDirectory
-from daskvec._core.handles import Group
+from daskvec._core.handles import Group, WorkerFrozen
 from daskvec._core.options import Options
 from daskvec._core.pool import GroupPool
 from daskvec.errors import StepTimeoutError, WorkerLostError
@@ -398,14 +398,34 @@ class Recovery:
             what = f"did not answer within {waited:.1f}s" if cls is StepTimeoutError else f"was lost ({exc})"
             err = cls(f"the worker {g.worker} holding envs {indices} {what}", env_indices=indices, worker=g.worker)
             raise err from exc
+        frozen: dict[str, str] = {}
         for g, exc in lost.items():
             if reasons[g] == "timeout" and not self.options.env_process:
                 # the step is still running in that worker (a hung env holds a thread there)
                 self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.3g}s")
+                if not isinstance(exc, WorkerFrozen):  # a real timeout, not one of the groups given up below
+                    frozen.setdefault(g.worker, f"another env group on {g.worker} left a request unanswered")
             # the message, not the exception: a handler that keeps records (a notebook's, pytest's) would
             # keep its traceback's frames, and the replies and shared windows they hold
-            why = f"did not answer within {waited:.3g}s" if reasons[g] == "timeout" else f"were lost ({exc})"
+            if isinstance(exc, WorkerFrozen):
+                why = "were given up (their worker left another group's request unanswered)"
+            elif reasons[g] == "timeout":
+                why = f"did not answer within {waited:.3g}s"
+            else:
+                why = f"were lost ({exc})"
             logger.warning("envs %s on worker %s %s; rebuilding them", g.env_indices, g.worker, why)
+        for worker, why in frozen.items():
+            # A frozen worker's other groups are frozen too: given up now, each costs nothing more
+            # (its next request counts as lost at once and it is rebuilt then), where waiting for
+            # each in turn would cost one step_timeout per group. With env_process=True a timeout
+            # is one env process's, killed, and the worker's other groups go on.
+            others = self.pool.doom(worker, why, spare=lost)
+            if others:
+                logger.warning(
+                    "envs %s on worker %s are given up too: it left a step unanswered",
+                    sorted(i for g in others for i in g.env_indices),
+                    worker,
+                )
         return self.relocate(list(lost), reasons)
 
     def relocate(self, old: list[Group], reasons: dict[Group, str], layout: Layout | None = None) -> list[Rebuild]:
