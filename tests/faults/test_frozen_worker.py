@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -33,6 +34,8 @@ STEP_TIMEOUT = 10.0
 BOUND = 1.5 * STEP_TIMEOUT
 #: The slow env's step: long enough that the freeze lands inside it, well below step_timeout.
 SLOW = STEP_TIMEOUT / 3
+#: The slow env's steps before it says it is inside a collection (the fast group's fragment is in by then).
+FLAG_AFTER = 5
 
 
 class WitnessEnv(gym.Env[np.ndarray, int]):
@@ -45,6 +48,8 @@ class WitnessEnv(gym.Env[np.ndarray, int]):
         self.episode = -1
         self.t = 0
         self.delay = 0.0
+        self.flag: str | None = None
+        self.flagged = 0
 
     def _obs(self) -> np.ndarray:
         return np.array([self.index, self.episode, self.t], dtype=np.float32)
@@ -60,6 +65,10 @@ class WitnessEnv(gym.Env[np.ndarray, int]):
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         time.sleep(self.delay)
         self.t += 1
+        if self.flag is not None:  # say, once, that this env is a few slow steps into a collection
+            self.flagged += 1
+            if self.flagged == FLAG_AFTER:
+                Path(self.flag).touch()
         return self._obs(), 1.0, False, False, {}
 
 
@@ -142,6 +151,7 @@ def test_a_frozen_worker_holding_two_groups_costs_one_step_timeout(dask_processe
         witness.sb3_step(*env.step(actions))  # the fast group's worker is still frozen
         witness.sb3_step(*env.step(actions))
         took = time.monotonic() - started
+        print(f"three steps from the freeze: {took:.1f}s (bound {BOUND:.0f}s)")
         assert took <= BOUND, (
             f"a worker frozen with two groups cost {took:.1f}s over three steps (step_timeout {STEP_TIMEOUT:.0f}s)"
         )
@@ -226,12 +236,87 @@ def test_a_frozen_worker_holding_two_groups_costs_one_step_timeout_through_send_
         round_trip()  # the fast group's worker is still frozen
         round_trip()
         took = time.monotonic() - started
+        print(f"three rounds from the freeze: {took:.1f}s (bound {BOUND:.0f}s)")
         assert took <= BOUND, (
             f"a worker frozen with two groups cost {took:.1f}s over three rounds (step_timeout {STEP_TIMEOUT:.0f}s)"
         )
         assert sorted(witness.rebuilt) == sorted(fast.env_indices + slow.env_indices), witness.rebuilt
         assert not witness.fresh, f"envs {witness.fresh} never handed out their fresh env's first observation"
         assert worker not in {g.worker for g in pool.groups}
+    finally:
+        guard.cancel()
+        os.kill(pid, signal.SIGCONT)
+        env.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_worker_holding_two_groups_costs_one_step_timeout_in_worker_side_rollouts(
+    dask_processes: Any, tmp_path: Path
+) -> None:
+    """DaskPPO collecting on the workers: the rollout during which the worker froze waits for its
+    heartbeats to stop for ``step_timeout``; the next one must not wait for them a second time."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from daskvec.sb3 import DaskPPO
+
+    procs = dask_processes(2)
+    env = DaskVecEnv(witness_fns(), client=procs.address, envs_per_actor=1, step_timeout=STEP_TIMEOUT, timeout=60)
+    worker, fast, slow = on_one_worker(env._groups)
+    pid = fast.desc.pid
+    flag = tmp_path / "slow-env-inside"
+    witness = Witness()
+    n_steps = 32
+
+    def freeze_when_flagged() -> None:
+        deadline = time.monotonic() + STEP_TIMEOUT * 3
+        while not flag.exists():
+            if time.monotonic() > deadline:
+                return  # the test fails below: nothing froze
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGSTOP)
+
+    class Freeze(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rollouts = 0
+            self.started = 0.0
+            self.collected: dict[int, float] = {}
+            self.rebuilt_in: dict[int, list[int]] = {}
+
+        def _on_training_start(self) -> None:
+            witness.first(range(N_ENVS), self.model._last_obs)
+
+        def _on_rollout_start(self) -> None:
+            self.rollouts += 1
+            if self.rollouts == 2:
+                self.training_env.set_attr("delay", SLOW / 10, indices=slow.env_indices)
+                self.training_env.set_attr("flag", str(flag), indices=slow.env_indices)
+                threading.Thread(target=freeze_when_flagged, daemon=True).start()
+            self.started = time.monotonic()
+
+        def _on_step(self) -> bool:
+            self.collected.setdefault(self.rollouts, time.monotonic() - self.started)  # replayed once it is in
+            before = len(witness.rebuilt)
+            loc = self.locals
+            witness.sb3_step(loc["new_obs"], loc["rewards"], loc["dones"], loc["infos"])
+            self.rebuilt_in.setdefault(self.rollouts, []).extend(witness.rebuilt[before:])
+            return True
+
+    guard = threading.Timer(240, os.kill, (pid, signal.SIGCONT))
+    guard.start()
+    callback = Freeze()
+    try:
+        model = DaskPPO("MlpPolicy", env, n_steps=n_steps, batch_size=n_steps * N_ENVS, n_epochs=1, device="cpu")
+        model.learn(total_timesteps=n_steps * N_ENVS * 3, callback=callback)
+        # the freeze landed inside the slow group's fragment, after the fast group's was in
+        assert sorted(callback.rebuilt_in.get(2, [])) == sorted(slow.env_indices), callback.rebuilt_in
+        assert sorted(witness.rebuilt) == sorted(fast.env_indices + slow.env_indices), witness.rebuilt
+        print(f"rollouts collected in {callback.collected}")
+        # waiting for heartbeats to stop for step_timeout again would take at least that long
+        assert callback.collected[3] < STEP_TIMEOUT, (
+            f"the rollout after the freeze took {callback.collected[3]:.1f}s (step_timeout {STEP_TIMEOUT:.0f}s)"
+        )
+        assert worker not in {g["worker"] for g in env.groups}
     finally:
         guard.cancel()
         os.kill(pid, signal.SIGCONT)
