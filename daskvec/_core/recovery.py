@@ -337,6 +337,9 @@ Moves = tuple[list[Group], Layout]
 #: Rebuild attempts before the envs count as lost for good.
 _ATTEMPTS = 4
 
+#: Seconds between two probes of the quarantined workers (:meth:`WorkerDirectory.probe_quarantined`).
+PROBE_INTERVAL = 5.0
+
 #: Seconds beyond ``timeout`` after which a worker list asked for a rebalance and never
 #: answered (the client's event loop never ran the question) counts as a lost scheduler.
 _CENSUS_GRACE = 5.0
@@ -371,6 +374,10 @@ class Recovery:
         # and by when it must have come (the stepping thread never waits for it)
         self._census: concurrent.futures.Future[dict[str, Any]] | None = None
         self._census_deadline = 0.0
+        self._next_probe = 0.0  # when the quarantined workers are probed next
+        # a quarantine ended: one rebalance is due, whatever auto_rebalance says (the envs were
+        # taken off that worker by daskvec, not by the user)
+        self._healed = False
 
     # ------------------------------------------------------------------ lost groups
     def handle_lost(self, lost: dict[Group, BaseException], waited: float) -> list[Rebuild]:
@@ -502,7 +509,9 @@ class Recovery:
         if self._moves is not None:
             return True
         now = time.monotonic()
-        if self.options.auto_rebalance and self._rebalance_due(now):
+        if (self.options.auto_rebalance or self._healed) and self._rebalance_due(now):
+            return True
+        if self.directory.any_quarantined and now >= self._next_probe:
             return True
         return self.directory.any_deadline and now >= self._next_migrate_check
 
@@ -519,7 +528,15 @@ class Recovery:
         hands out, since others may have a step in flight); a planned rebalance that
         needs others waits.
         """
-        if self.options.auto_rebalance and self._rebalance_due(time.monotonic()):
+        now = time.monotonic()
+        if self.directory.any_quarantined and now >= self._next_probe:
+            self._next_probe = now + PROBE_INTERVAL
+            if self.directory.probe_quarantined():
+                # a healed worker is idle: spread the envs back onto it at the next census
+                self._healed = True
+                if self._census is None:
+                    self._last_rebalance_check = -float("inf")
+        if (self.options.auto_rebalance or self._healed) and self._rebalance_due(now):
             self._auto_rebalance()
         moves = self._moves
         if moves is not None and any(g not in self.pool.groups for g in moves[0]):
@@ -573,6 +590,7 @@ class Recovery:
         if not census.done():
             census.cancel()
             raise _dask.scheduler_lost(self.pool.client, TimeoutError(), self.options.timeout + _CENSUS_GRACE)
+        self._healed = False
         self.plan_rebalance(census.result())  # the SchedulerLostError of a failed question, if it failed
 
     def plan_rebalance(self, workers: Mapping[str, Any] | None = None) -> int:

@@ -274,6 +274,7 @@ def test_a_worker_list_never_answered_counts_as_a_lost_scheduler(monkeypatch: py
 
     class Directory:
         any_deadline = False
+        any_quarantined = False
 
         def ask_workers(self) -> concurrent.futures.Future[dict[str, Any]]:
             asked.append(concurrent.futures.Future())

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ class Witness:
     def __init__(self) -> None:
         self.last: dict[int, tuple[int, int, int]] = {}
         self.rebuilt: list[int] = []
+        self.moved: list[int] = []
 
     def first(self, ids: Any, obs: Any) -> None:
         for i, o in zip(ids, np.asarray(obs), strict=True):
@@ -96,7 +98,12 @@ class Witness:
     def row(self, i: int, obs: Any, reward: float, done: bool, info: dict[str, Any], terminal: Any) -> None:
         """One env's row of a step; ``terminal``: the observation its truncation reports, if it was rebuilt."""
         now, (_, ep, t) = triple(obs), self.last[i]
-        if INFO_KEY in info:  # rebuilt: a truncation whose step never happened, then a fresh env
+        if INFO_KEY in info and info[INFO_KEY]["reason"] == "moved":  # its step happened, then a fresh env
+            assert done and reward == 1.0, f"env {i}: moved with done={done}, reward={reward}"
+            assert triple(terminal) == (i, ep, t + 1), f"env {i}: moved at {triple(terminal)} after {self.last[i]}"
+            assert now == (i, 0, 0), f"moved env {i} handed out {now}"
+            self.moved.append(i)
+        elif INFO_KEY in info:  # rebuilt: a truncation whose step never happened, then a fresh env
             assert info[INFO_KEY]["reason"] == "timeout", info
             assert done and reward == 0.0, f"env {i}: rebuilt with done={done}, reward={reward}"
             assert triple(terminal) == self.last[i], f"env {i}: truncated at {triple(terminal)} after {self.last[i]}"
@@ -118,6 +125,14 @@ def on_one_worker(groups: list[Group]) -> tuple[str, Group, Group]:
         by_worker.setdefault(g.worker, []).append(g)
     worker, mine = next((w, gs) for w, gs in sorted(by_worker.items()) if len(gs) == 2)
     return worker, mine[0], mine[1]
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP process ``pid`` and wait until it is stopped (the signal lands a little later)."""
+    import psutil
+
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 30, f"process {pid} to stop")
 
 
 def freeze_after_one_answered(unanswered: Callable[[], list[Group]], fast: Group, slow: Group) -> None:
@@ -317,6 +332,48 @@ def test_a_frozen_worker_holding_two_groups_costs_one_step_timeout_in_worker_sid
             f"the rollout after the freeze took {callback.collected[3]:.1f}s (step_timeout {STEP_TIMEOUT:.0f}s)"
         )
         assert worker not in {g["worker"] for g in env.groups}
+    finally:
+        guard.cancel()
+        os.kill(pid, signal.SIGCONT)
+        env.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_frozen_past_step_timeout_then_resumed_takes_envs_again(dask_processes: Any) -> None:
+    """Its quarantine ends once it answers probes again, and the envs spread back over both workers."""
+    from daskvec._core.directory import PROBES_TO_HEAL
+    from daskvec._core.recovery import PROBE_INTERVAL
+
+    procs = dask_processes(2)
+    step_timeout, timeout = 3.0, 20.0
+    env = DaskVecEnv(witness_fns(), client=procs.address, envs_per_actor=1, step_timeout=step_timeout, timeout=timeout)
+    worker, fast, other = on_one_worker(env._groups)
+    pid = fast.desc.pid
+    guard = threading.Timer(240, os.kill, (pid, signal.SIGCONT))
+    guard.start()
+    try:
+        witness = Witness()
+        witness.first(range(N_ENVS), env.reset())
+        actions = np.zeros(N_ENVS, dtype=np.int64)
+        witness.sb3_step(*env.step(actions))
+        stop(pid)
+        witness.sb3_step(*env.step(actions))  # both its groups time out: rebuilt on the other worker
+        assert {g["worker"] for g in env.groups} != {worker} and worker not in {g["worker"] for g in env.groups}
+        os.kill(pid, signal.SIGCONT)
+        # probes every PROBE_INTERVAL, each answered within timeout; then a census and the moves
+        bound = PROBES_TO_HEAL * (PROBE_INTERVAL + timeout) + PROBE_INTERVAL + timeout
+        resumed = time.monotonic()
+        while sorted(Counter(g["worker"] for g in env.groups).values()) != [2, 2]:
+            assert time.monotonic() - resumed < bound, (
+                f"{bound:.0f}s after it resumed, the envs are still spread {Counter(g['worker'] for g in env.groups)}"
+            )
+            witness.sb3_step(*env.step(actions))
+            time.sleep(0.05)  # pacing, not waiting for anything: the steps are what brings the move
+        print(f"spread again {time.monotonic() - resumed:.1f}s after the worker resumed (bound {bound:.0f}s)")
+        witness.sb3_step(*env.step(actions))
+        assert sorted(witness.rebuilt) == sorted(fast.env_indices + other.env_indices), witness.rebuilt
+        moved_to = {e["env"]: e["worker"] for e in env.restart_log if e["reason"] == "moved"}
+        assert sorted(moved_to) == sorted(witness.moved) and set(moved_to.values()) == {worker}, env.restart_log
     finally:
         guard.cancel()
         os.kill(pid, signal.SIGCONT)
