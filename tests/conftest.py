@@ -163,20 +163,21 @@ def start_dask_processes(
 ) -> DaskProcesses:
     """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes in ``tmp_path``.
 
-    The processes run from ``tmp_path`` with a clean ``PYTHONPATH``: they can import
-    installed packages and the daskvec the tests import, but not the tests' own modules.
+    The processes run from ``tmp_path`` with a ``PYTHONPATH`` holding only the root of
+    the daskvec the tests import (the checkout, when it is not the installed one): they
+    import that daskvec and installed packages, but not the tests' own modules.
     """
     # the scheduler picks its own free port (0) and reports its address in its scheduler
     # file: no port is chosen here and handed over later, when another process may hold it
     scheduler_file = tmp_path / f"scheduler-{uuid.uuid4().hex}.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    # a source checkout (a git worktree, say) may not be the one installed: the processes
-    # must run the same daskvec as the test, or client and workers speak two versions
-    import daskvec
+    import daskvec  # here, not at the top: OMP_NUM_THREADS is set before NumPy comes
 
-    checkout = Path(daskvec.__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").exists():
-        env["PYTHONPATH"] = str(checkout)
+    root = Path(daskvec.__file__).resolve().parents[1]
+    if root.name not in ("site-packages", "dist-packages"):
+        # the daskvec under test, not the one the venv's editable install points at (another
+        # checkout, a mutated copy): its root holds no test module, so those stay out of reach
+        env["PYTHONPATH"] = str(root)
     env["OMP_NUM_THREADS"] = "1"
     scheduler = subprocess.Popen(
         [

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
+from typing import Any
 
 import numpy as np
 
@@ -110,3 +113,29 @@ def read_to_end(sock: socket.socket) -> bytes:
     except ConnectionResetError:
         pass
     return data
+
+
+def check_channel(group: dict[str, Any]) -> None:
+    """That a group's entry (``env.groups``) names its channel truly: it listens where it says.
+
+    Connects to each address and socket path the entry names (then leaves without a
+    handshake, which the group refuses, as it refuses any stranger).
+    """
+    if group["transport"] == "actor":
+        assert group["channel"] is None, group
+        assert group["encrypted"] == group["worker"].startswith("tls://"), group
+        return
+    family = group["transport"].split("/")[-1] if "/" in group["transport"] else group["socket"]
+    assert group["encrypted"] == (family == "tls"), group
+    assert group["channel"] == (group["socket_path"] if family == "unix" else group["address"]), group
+    if group["socket_path"] is not None:
+        assert stat.S_ISSOCK(os.stat(group["socket_path"]).st_mode), group
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(group["socket_path"])
+            assert len(recv_exact(s, 32)) == 32  # the server's nonce: a channel server answers there
+    if group["address"] is not None:
+        host, _, port = group["address"].rpartition(":")
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=30) as s:
+            if not group["encrypted"]:  # TLS speaks first from the client's side
+                assert len(recv_exact(s, 32)) == 32

@@ -130,6 +130,36 @@ def scheduler_workers_soon(client: Any, timeout: float = 30.0) -> concurrent.fut
     return answer
 
 
+def worker_answers_soon(client: Any, worker: str, timeout: float) -> concurrent.futures.Future[None]:
+    """Ask ``worker`` itself who it is, without waiting: the future holds ``None`` once it answered.
+
+    A quarantined worker's proof of life: its own event loop must answer a request sent
+    now (``Worker.identity`` over the client's connection pool, the internal
+    ``client.rpc``), which a stopped process never does. The future holds the error
+    instead if it does not answer within ``timeout`` seconds of the loop asking, or if
+    it is gone. Asked from the client's event loop, as :func:`scheduler_workers_soon`
+    asks, so the stepping thread never waits.
+    """
+    answer: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    async def ask() -> None:
+        try:
+            await asyncio.wait_for(client.rpc(worker).identity(), timeout)
+        except asyncio.CancelledError as e:  # the loop is closing
+            answer.set_exception(e)
+            raise
+        except Exception as e:
+            answer.set_exception(e)
+        else:
+            answer.set_result(None)
+
+    try:
+        client.loop.add_callback(ask)
+    except Exception as e:  # a client without a running loop
+        answer.set_exception(e)
+    return answer
+
+
 def scheduler_lost(client: Any, exc: BaseException, timeout: float | None = None) -> SchedulerLostError:
     """The :class:`SchedulerLostError` for a call to ``client``'s scheduler that failed with ``exc``."""
     address = scheduler_address(client)

@@ -30,6 +30,10 @@ __all__ = ["QUARANTINE_S", "HeartbeatWatch", "Layout", "WorkerDirectory"]
 #: worker costs a full ``timeout`` every time.
 QUARANTINE_S = 600.0
 
+#: Probes a quarantined worker must answer in a row, each sent after the one before came
+#: back, before it takes envs again: one answer may come from a worker that froze again.
+PROBES_TO_HEAL = 2
+
 #: Where groups go: (env indices, worker) per group.
 Layout = list[tuple[list[int], str]]
 
@@ -52,6 +56,9 @@ class WorkerDirectory:
         self._deadlines: dict[str, float | None] = {}
         self._any_deadline = False
         self._quarantine: dict[str, float] = {}  # worker -> time.monotonic() it may take envs again
+        # quarantined workers' proofs of life: the probe in flight, and the answers in a row so far
+        self._probes: dict[str, concurrent.futures.Future[None]] = {}
+        self._answers: dict[str, int] = {}
 
     # ------------------------------------------------------------------ what is known
     def eligible(self, known: Mapping[str, Any] | None = None) -> list[str]:
@@ -106,6 +113,47 @@ class WorkerDirectory:
                 QUARANTINE_S,
             )
         self._quarantine[worker] = time.monotonic() + QUARANTINE_S
+        # answers to probes sent before this quarantine prove nothing about the worker now
+        self._probes.pop(worker, None)
+        self._answers.pop(worker, None)
+
+    @property
+    def any_quarantined(self) -> bool:
+        """Whether a worker is (or was until lately) in quarantine: cheap, for a check at every step."""
+        return bool(self._quarantine)
+
+    def probe_quarantined(self) -> list[str]:
+        """Lift the quarantine of the workers that proved alive since; return them. Never waits.
+
+        A worker is quarantined because it froze (a stopped process, a stalled VM) or left
+        a step unanswered; it may run again a minute later, and keeping it out for
+        :data:`QUARANTINE_S` would leave it idle while the run goes at the others' speed.
+        Each call reads the answer of the probe sent at the call before
+        (:func:`daskvec._core.dask_internals.worker_answers_soon`: the worker's own event
+        loop must answer) and sends the next; :data:`PROBES_TO_HEAL` answers in a row end
+        the quarantine. With ``transport="actor"`` no quarantine is lifted early: a step
+        hung there holds the worker's one actor thread, which its event loop answering
+        does not show.
+        """
+        healed: list[str] = []
+        if self.options.transport == "actor":
+            return healed
+        for worker in sorted(self.quarantined()):
+            probe = self._probes.pop(worker, None)
+            if probe is not None and not probe.done():
+                self._probes[worker] = probe  # still on its way
+                continue
+            if probe is not None:
+                answered = probe.exception() is None
+                self._answers[worker] = self._answers.get(worker, 0) + 1 if answered else 0
+                if self._answers[worker] >= PROBES_TO_HEAL:
+                    del self._quarantine[worker]
+                    self._answers.pop(worker, None)
+                    logger.warning("worker %s answers again; it may take envs again", worker)
+                    healed.append(worker)
+                    continue
+            self._probes[worker] = _dask.worker_answers_soon(self.client, worker, self.options.timeout)
+        return healed
 
     def quarantined(self) -> set[str]:
         """Workers currently in quarantine."""

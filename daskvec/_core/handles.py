@@ -18,7 +18,7 @@ import numpy as np
 from daskvec.protocol.messages import GroupDesc, RemoteError, StepReply
 from daskvec.transport import Channel
 
-__all__ = ["WAITING", "Group", "PendingRequest", "StepOutcome", "answers"]
+__all__ = ["WAITING", "Group", "PendingRequest", "StepOutcome", "WorkerFrozen", "answers"]
 
 
 @dataclass(eq=False)  # identity semantics: groups are compared and looked up as handles
@@ -82,7 +82,17 @@ class Group:
         once the group hands its observations over in a memory window shared with this
         process (same machine, batches of 128 KiB or more; see
         :mod:`daskvec.transport.window`).
+
+        Where the group listens, for an operator checking a firewall or a socket:
+        ``channel`` is what this process is connected to (``"host:port"`` over TCP or
+        TLS, the socket's path over Unix, ``None`` for the actor transport);
+        ``address`` is the group's TCP listener (``"host:port"``) and ``socket_path``
+        its Unix socket (``None`` when it has none); ``encrypted`` says whether the
+        channel's traffic is encrypted (TLS; for the actor transport, Dask's own
+        ``tls://`` comms).
         """
+        family = getattr(self.channel, "family", None)
+        address = self.desc.address
         return {
             "envs": list(self.env_indices),
             "worker": self.worker,
@@ -94,6 +104,10 @@ class Group:
             "pid": self.desc.pid,
             "busy_poll": self.desc.busy_poll,
             "shared_memory": bool(getattr(self.channel, "shared_memory", False)),
+            "channel": _where(getattr(self.channel, "address", None)) if family is not None else None,
+            "address": _where(tuple(address)) if address else None,
+            "socket_path": self.desc.unix_path or None,
+            "encrypted": family == "tls" or (family is None and self.worker.startswith("tls://")),
         }
 
     @property
@@ -101,6 +115,14 @@ class Group:
         """``"direct/unix"``, ``"direct/tcp"`` or ``"actor"``."""
         family = getattr(self.channel, "family", None)
         return self.channel.kind if family is None else f"{self.channel.kind}/{family}"
+
+
+def _where(address: tuple[Any, ...] | str | None) -> str | None:
+    """``("10.0.0.2", 40123)`` -> ``"10.0.0.2:40123"``; a socket path as it is."""
+    if address is None or isinstance(address, str):
+        return address
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 @dataclass
@@ -148,6 +170,17 @@ class StepOutcome:
 def answers(reply: Any, kind: type) -> bool:
     """Whether ``reply`` is the answer a request expected (``kind``: ``object`` for any value), not an error."""
     return isinstance(reply, kind) and not isinstance(reply, (RemoteError, BaseException))
+
+
+class WorkerFrozen(TimeoutError):
+    """What stands for the reply of a group whose worker left another group's request unanswered.
+
+    Such a group is given up without being asked anything (:meth:`GroupPool.doom
+    <daskvec._core.pool.GroupPool.doom>`): its worker is frozen, or stuck in a hung
+    step, and waiting for it again would cost another ``step_timeout``. A timeout
+    (``reason="timeout"``) like any other, except that it does not doom the groups
+    rebuilt since on the same worker.
+    """
 
 
 #: The reply of a group in flight that has not been read yet.

@@ -20,14 +20,14 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from daskvec._core import dask_internals as _dask
 from daskvec._core.directory import Layout, WorkerDirectory
-from daskvec._core.handles import Group, PendingRequest, StepOutcome, answers
+from daskvec._core.handles import Group, PendingRequest, StepOutcome, WorkerFrozen, answers
 from daskvec._core.options import Options
 from daskvec._core.user_errors import mark, shorten
 from daskvec.cluster import clients as _cluster
@@ -132,6 +132,9 @@ class GroupPool:
         # spawn_vectors() has numbered the envs, a group's placeholder indices are [factory]
         self._units: dict[tuple[int, ...], int] = {}
         self._numbered = not vector
+        # groups given up because their worker left another group's request unanswered, with why:
+        # their next request is recorded as lost at once instead of being sent (see doom())
+        self._doomed: dict[str, str] = {}
 
     # ------------------------------------------------------------------ views
     def load(self) -> dict[str, int]:
@@ -430,6 +433,35 @@ class GroupPool:
             fix,
         )
 
+    # ------------------------------------------------------------------ frozen workers
+    def doom(self, worker: str, why: str, spare: Collection[Group] = ()) -> list[Group]:
+        """Give up every group on ``worker`` but ``spare``: each request to them counts as lost at once.
+
+        A worker that left one group's request unanswered for ``step_timeout`` is frozen
+        (or stuck in a hung step), and so are its other groups: waiting for each of
+        them in turn would cost one ``step_timeout`` per group. So their requests in
+        flight end now, and the next request sent to them is not sent: its reply is a
+        :class:`~daskvec._core.handles.WorkerFrozen`, which the engine rebuilds as a
+        timeout. Groups created on the worker later are not touched. Returns the
+        groups given up.
+        """
+        doomed = [g for g in self.groups if g.worker == worker and g not in spare]
+        for g in doomed:
+            self._doomed[g.gid] = why
+            pending = self._pending.get(g.gid)
+            if pending is not None and pending.waiting:
+                pending.reply = WorkerFrozen(why)
+        return doomed
+
+    def _given_up(self, pending: PendingRequest) -> bool:
+        """Whether ``pending`` goes to a doomed group: its reply is then the loss, and nothing is sent."""
+        why = self._doomed.get(pending.group.gid)
+        if why is None:
+            return False
+        if pending.waiting:
+            pending.reply = WorkerFrozen(why)
+        return True
+
     # ------------------------------------------------------------------ release
     def teardown(self, groups: Sequence[Group], graceful: bool) -> None:
         """Release ``groups`` and remove them from the pool.
@@ -464,6 +496,7 @@ class GroupPool:
         self.groups = [g for g in self.groups if g not in groups]
         for g in groups:
             self._pending.pop(g.gid, None)
+            self._doomed.pop(g.gid, None)
 
     def close(self, abandon: bool = False, abandon_in_flight: bool = False) -> None:
         """Release every group: those with a request in flight that does not end in time are dropped.
@@ -495,6 +528,8 @@ class GroupPool:
         # a group that did not answer (hung env, dead worker) is abandoned, not asked to shut down
         stuck = [g for g, r in zip(waiting, replies, strict=True) if isinstance(r, BaseException)]
         stuck += [f.group for f in self._pending.values() if not f.waiting and isinstance(f.reply, BaseException)]
+        # a frozen worker's groups are not asked to shut down: that would wait out the bound on each
+        stuck += [g for g in self.groups if g.gid in self._doomed and g not in stuck]
         self._pending.clear()
         self.teardown(stuck, graceful=False)
         self.teardown(list(self.groups), graceful=True)
@@ -505,6 +540,9 @@ class GroupPool:
         sent: list[Group] = []
         out: dict[Group, Any] = {}
         for g, request in requests.items():
+            if g.gid in self._doomed:
+                out[g] = WorkerFrozen(self._doomed[g.gid])
+                continue
             try:
                 g.channel.send(request)
                 sent.append(g)
@@ -540,6 +578,8 @@ class GroupPool:
         now = time.monotonic()
         for g in self.groups if groups is None else groups:
             pending = self._pending[g.gid] = PendingRequest(g, now, batch=True)
+            if self._given_up(pending):
+                continue
             try:
                 g.channel.send(request(g))
             except ChannelError as e:
@@ -611,6 +651,8 @@ class GroupPool:
             if g.gid in self._pending:
                 raise RuntimeError(f"daskvec internal error: envs {g.env_indices} already have a step in flight")
             pending = self._pending[g.gid] = PendingRequest(g, now, batch=False)
+            if self._given_up(pending):
+                continue
             try:
                 g.channel.send(StepRequest(group_actions))
             except ChannelError as e:

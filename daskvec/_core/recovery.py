@@ -28,7 +28,7 @@ import numpy as np
 
 from daskvec._core import dask_internals as _dask
 from daskvec._core.directory import Layout, WorkerDirectory
-from daskvec._core.handles import Group
+from daskvec._core.handles import Group, WorkerFrozen
 from daskvec._core.options import Options
 from daskvec._core.pool import GroupPool
 from daskvec.errors import StepTimeoutError, WorkerLostError
@@ -337,6 +337,9 @@ Moves = tuple[list[Group], Layout]
 #: Rebuild attempts before the envs count as lost for good.
 _ATTEMPTS = 4
 
+#: Seconds between two probes of the quarantined workers (:meth:`WorkerDirectory.probe_quarantined`).
+PROBE_INTERVAL = 5.0
+
 #: Seconds beyond ``timeout`` after which a worker list asked for a rebalance and never
 #: answered (the client's event loop never ran the question) counts as a lost scheduler.
 _CENSUS_GRACE = 5.0
@@ -371,6 +374,10 @@ class Recovery:
         # and by when it must have come (the stepping thread never waits for it)
         self._census: concurrent.futures.Future[dict[str, Any]] | None = None
         self._census_deadline = 0.0
+        self._next_probe = 0.0  # when the quarantined workers are probed next
+        # a quarantine ended: one rebalance is due, whatever auto_rebalance says (the envs were
+        # taken off that worker by daskvec, not by the user)
+        self._healed = False
 
     # ------------------------------------------------------------------ lost groups
     def handle_lost(self, lost: dict[Group, BaseException], waited: float) -> list[Rebuild]:
@@ -398,14 +405,34 @@ class Recovery:
             what = f"did not answer within {waited:.1f}s" if cls is StepTimeoutError else f"was lost ({exc})"
             err = cls(f"the worker {g.worker} holding envs {indices} {what}", env_indices=indices, worker=g.worker)
             raise err from exc
+        frozen: dict[str, str] = {}
         for g, exc in lost.items():
             if reasons[g] == "timeout" and not self.options.env_process:
                 # the step is still running in that worker (a hung env holds a thread there)
                 self.directory.quarantine(g.worker, f"left a step unanswered for {waited:.3g}s")
+                if not isinstance(exc, WorkerFrozen):  # a real timeout, not one of the groups given up below
+                    frozen.setdefault(g.worker, f"another env group on {g.worker} left a request unanswered")
             # the message, not the exception: a handler that keeps records (a notebook's, pytest's) would
             # keep its traceback's frames, and the replies and shared windows they hold
-            why = f"did not answer within {waited:.3g}s" if reasons[g] == "timeout" else f"were lost ({exc})"
+            if isinstance(exc, WorkerFrozen):
+                why = "were given up (their worker left another group's request unanswered)"
+            elif reasons[g] == "timeout":
+                why = f"did not answer within {waited:.3g}s"
+            else:
+                why = f"were lost ({exc})"
             logger.warning("envs %s on worker %s %s; rebuilding them", g.env_indices, g.worker, why)
+        for worker, why in frozen.items():
+            # A frozen worker's other groups are frozen too: given up now, each costs nothing more
+            # (its next request counts as lost at once and it is rebuilt then), where waiting for
+            # each in turn would cost one step_timeout per group. With env_process=True a timeout
+            # is one env process's, killed, and the worker's other groups go on.
+            others = self.pool.doom(worker, why, spare=lost)
+            if others:
+                logger.warning(
+                    "envs %s on worker %s are given up too: it left a step unanswered",
+                    sorted(i for g in others for i in g.env_indices),
+                    worker,
+                )
         return self.relocate(list(lost), reasons)
 
     def relocate(self, old: list[Group], reasons: dict[Group, str], layout: Layout | None = None) -> list[Rebuild]:
@@ -482,7 +509,9 @@ class Recovery:
         if self._moves is not None:
             return True
         now = time.monotonic()
-        if self.options.auto_rebalance and self._rebalance_due(now):
+        if (self.options.auto_rebalance or self._healed) and self._rebalance_due(now):
+            return True
+        if self.directory.any_quarantined and now >= self._next_probe:
             return True
         return self.directory.any_deadline and now >= self._next_migrate_check
 
@@ -499,7 +528,15 @@ class Recovery:
         hands out, since others may have a step in flight); a planned rebalance that
         needs others waits.
         """
-        if self.options.auto_rebalance and self._rebalance_due(time.monotonic()):
+        now = time.monotonic()
+        if self.directory.any_quarantined and now >= self._next_probe:
+            self._next_probe = now + PROBE_INTERVAL
+            if self.directory.probe_quarantined():
+                # a healed worker is idle: spread the envs back onto it at the next census
+                self._healed = True
+                if self._census is None:
+                    self._last_rebalance_check = -float("inf")
+        if (self.options.auto_rebalance or self._healed) and self._rebalance_due(now):
             self._auto_rebalance()
         moves = self._moves
         if moves is not None and any(g not in self.pool.groups for g in moves[0]):
@@ -553,6 +590,7 @@ class Recovery:
         if not census.done():
             census.cancel()
             raise _dask.scheduler_lost(self.pool.client, TimeoutError(), self.options.timeout + _CENSUS_GRACE)
+        self._healed = False
         self.plan_rebalance(census.result())  # the SchedulerLostError of a failed question, if it failed
 
     def plan_rebalance(self, workers: Mapping[str, Any] | None = None) -> int:

@@ -626,12 +626,10 @@ class DaskVectorEnv(EngineViews, gym.vector.VectorEnv):
 
     @property
     def groups(self) -> list[dict[str, Any]]:
-        """One entry per env group: env indices, worker, transport, ``shared_memory`` (see ``DaskVecEnv.groups``)."""
-        shared = [bool(getattr(g.channel, "shared_memory", False)) for g in self._engine.groups]
-        return [
-            {"envs": list(g.env_indices), "worker": g.worker, "transport": g.transport, "shared_memory": s}
-            for g, s in zip(self._engine.groups, shared, strict=True)
-        ]
+        """One entry per env group, as ``DaskVecEnv.groups`` gives it (env indices, worker, ``shared_memory``,
+        the channel: ``channel``, ``address``, ``socket_path``, ``encrypted``, ...), except that
+        ``transport`` names the socket too (``"direct/unix"``, ``"direct/tcp"``, ``"direct/tls"``, ``"actor"``)."""
+        return [{**g.describe(), "transport": g.transport} for g in self._engine.groups]
 
     def close_extras(self, **kwargs: Any) -> None:
         """Shut the env groups down and close what this vec env created (safe with calls in flight).

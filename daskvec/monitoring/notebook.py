@@ -29,7 +29,8 @@ def notebook_html(
     rows = "".join(
         f"<tr><td style='text-align:left'>{escape(w)}</td><td>{sum(len(g['envs']) for g in gs)}</td>"
         f"<td>{len(gs)}</td><td style='text-align:left'>{escape(_ranges([i for g in gs for i in g['envs']]))}</td>"
-        f"<td>{escape(', '.join(sorted({g['transport'] for g in gs})))}</td></tr>"
+        f"<td>{escape(', '.join(sorted({g['transport'] for g in gs})))}</td>"
+        f"<td style='text-align:left'>{'<br>'.join(escape(_channel(g)) for g in gs)}</td></tr>"
         for w, gs in sorted(by_worker.items())
     )
     return (
@@ -37,9 +38,16 @@ def notebook_html(
         f"<p><strong>DaskVecEnv</strong>: {n_envs} envs in {len(groups)} groups on {len(by_worker)} workers</p>"
         f"<p>Dashboard: {links}</p>"
         "<table><thead><tr><th style='text-align:left'>worker</th><th>envs</th><th>groups</th>"
-        "<th style='text-align:left'>env indices</th><th>transport</th></tr></thead>"
+        "<th style='text-align:left'>env indices</th><th>transport</th>"
+        "<th style='text-align:left'>channels</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
     )
+
+
+def _channel(group: dict[str, Any]) -> str:
+    """Where a group's channel goes, and whether it is encrypted: an operator checking a firewall needs both."""
+    where = group.get("channel") or group.get("address") or group.get("socket_path") or "actor calls"
+    return f"{where} ({'encrypted' if group.get('encrypted') else 'not encrypted'})"
 
 
 def _anchor(url: str) -> str:

@@ -468,7 +468,9 @@ class DaskVecEnv(RolloutMethods, EngineViews, VecEnv):
     @property
     def groups(self) -> list[dict[str, Any]]:
         """One entry per env-group actor: its env indices, worker, transport, the
-        worker's ``deadline`` and ``env_pid``, ``socket``, ``busy_poll`` and ``shared_memory``, as
+        worker's ``deadline`` and ``env_pid``, ``socket``, ``busy_poll``, ``shared_memory``
+        and its channel (``channel``: the address or socket path connected to;
+        ``address``, ``socket_path``: where the group listens; ``encrypted``), as
         :meth:`daskvec._core.handles.Group.describe` tells them."""
         return [g.describe() for g in self._groups]
 

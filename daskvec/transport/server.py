@@ -110,7 +110,8 @@ MAX_PENDING = 64
 _BACKOFF_MIN, _BACKOFF_MAX = 0.01, 1.0
 #: Seconds between two checks of the handshake deadlines (the accept loop's wake-ups).
 _SWEEP_INTERVAL = 0.5
-#: Seconds between two log lines of the same kind (refusals, accept errors, bad frames).
+#: Seconds between two log lines of the same kind (refusals, accept errors, malformed
+#: messages before or after the handshake, connections that failed).
 LOG_INTERVAL = 10.0
 
 
@@ -139,8 +140,10 @@ class ChannelServer:
     connections keeps a right client out, and a flood from one address pushes out only
     its own. The accept loop outlives any error (no descriptor left, ``EMFILE``,
     included): it backs off, logs once per burst and goes on. A malformed message ends
-    its connection with one log line; no thread dies with a traceback. Repeated log
-    lines of one kind are rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`).
+    its connection with one log line; no thread dies with a traceback. Every repeated
+    log line of one kind is rate-limited (:class:`daskvec.transport.wire.RateLimitedLog`),
+    before the handshake and after it alike: a peer holding the token may still be
+    buggy, and its reconnect loop must not flood the worker's log.
 
     Parameters
     ----------
@@ -420,7 +423,9 @@ class ChannelServer:
             self._serve_requests(conn, peer)
         except Exception as e:  # never a dead thread with a traceback: one line, the connection ends
             why = "".join(traceback.format_exception_only(type(e), e)).strip()
-            logger.error("daskvec channel %s dropped a connection from %s: %s", self._name, peer, why)
+            self._log(
+                "failed", logging.ERROR, "daskvec channel %s dropped a connection from %s: %s", self._name, peer, why
+            )
         finally:
             _QUICK_CONNECTIONS.discard(id(conn))
             with self._lock:
@@ -428,7 +433,7 @@ class ChannelServer:
             conn.close()
 
     def _serve_requests(self, conn: socket.socket, peer: Any) -> None:
-        shared = window.WindowWriter() if self._shared_memory and conn.family == socket.AF_UNIX else None
+        shared = window.WindowWriter(self._log) if self._shared_memory and conn.family == socket.AF_UNIX else None
         try:
             self._serve_loop(conn, peer, shared)
         finally:
@@ -463,7 +468,16 @@ class ChannelServer:
             try:
                 request = decode(reader.read(None))
             except ProtocolError as e:
-                logger.warning("daskvec channel %s dropped a connection from %s: %s", self._name, peer, e)
+                # a peer that passed the handshake holds the token, but may still be buggy or
+                # hostile: its reconnect loop must not flood the worker's log either
+                self._log(
+                    "malformed",
+                    logging.WARNING,
+                    "daskvec channel %s dropped a connection from %s: %s",
+                    self._name,
+                    peer,
+                    e,
+                )
                 return
             except (OSError, ChannelError):  # the peer left
                 return
@@ -474,7 +488,7 @@ class ChannelServer:
             try:
                 reply = self._handler(request)
             except ChannelError as e:  # a handler that is gone
-                logger.warning("daskvec channel %s dropped a connection: %s", self._name, e)
+                self._log("gone", logging.WARNING, "daskvec channel %s dropped a connection: %s", self._name, e)
                 return
             frames = self._encode(reply, shared)
             fd = None if shared is None else shared.take_fd()

@@ -38,6 +38,7 @@ import math
 import mmap
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,9 +81,18 @@ def fds_from_ancillary(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
 
 
 class WindowWriter:
-    """A group's side of one connection's window: a memory file it writes observations into."""
+    """A group's side of one connection's window: a memory file it writes observations into.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    log : callable, optional
+        ``log(kind, level, msg, *args)`` for the line saying a window cannot be made: the
+        channel server's rate-limited log, since each new connection would say it again.
+        By default, this module's logger.
+    """
+
+    def __init__(self, log: Callable[..., object] | None = None) -> None:
+        self._say = log if log is not None else (lambda _kind, level, msg, *args: logger.log(level, msg, *args))
         self._map: mmap.mmap | None = None
         self._new_fd: int | None = None  # the descriptor the next reply hands the client
         #: a window could not be made: this connection's observations stay on the socket
@@ -108,7 +118,12 @@ class WindowWriter:
             except OSError as e:
                 self.failed = True
                 self._drop()
-                logger.warning("daskvec: no shared window for observations (%s); they go on the socket", e)
+                self._say(
+                    "window",
+                    logging.WARNING,
+                    "daskvec: no shared window for observations (%s); they go on the socket",
+                    e,
+                )
                 return False
         assert self._map is not None
         np.copyto(np.frombuffer(self._map, dtype=arr.dtype, count=arr.size).reshape(arr.shape), arr, casting="no")

@@ -274,6 +274,7 @@ def test_a_worker_list_never_answered_counts_as_a_lost_scheduler(monkeypatch: py
 
     class Directory:
         any_deadline = False
+        any_quarantined = False
 
         def ask_workers(self) -> concurrent.futures.Future[dict[str, Any]]:
             asked.append(concurrent.futures.Future())
@@ -292,3 +293,41 @@ def test_a_worker_list_never_answered_counts_as_a_lost_scheduler(monkeypatch: py
     with pytest.raises(SchedulerLostError, match="did not answer"):
         rec.migrate()
     assert asked[0].cancelled()
+
+
+@pytest.mark.parametrize("transport", ["auto", "actor"])
+def test_a_quarantine_ends_after_probes_answered_in_a_row(monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
+    """Each look reads the probe sent at the look before: two answers in a row heal a worker, a
+    silence starts the count again; a new quarantine forgets the answers; never with actor calls."""
+    import concurrent.futures
+
+    from daskvec._core import directory
+    from daskvec._core.options import Options
+
+    probes: list[concurrent.futures.Future[None]] = []
+
+    def probe(client: Any, worker: str, timeout: float) -> concurrent.futures.Future[None]:
+        probes.append(concurrent.futures.Future())
+        return probes[-1]
+
+    monkeypatch.setattr(directory._dask, "worker_answers_soon", probe)
+    d = directory.WorkerDirectory(None, Options(transport=transport, timeout=30.0))
+    d.quarantine("w", "froze")
+    assert d.any_quarantined and d.probe_quarantined() == []
+    if transport == "actor":
+        assert probes == [] and d.quarantined() == {"w"}
+        return
+    assert len(probes) == 1 and d.probe_quarantined() == [] and len(probes) == 1  # still on its way
+    probes[-1].set_result(None)
+    assert d.probe_quarantined() == [] and len(probes) == 2  # one answer, the next probe sent
+    probes[-1].set_exception(TimeoutError())
+    assert d.probe_quarantined() == [] and len(probes) == 3  # silent again: the count starts over
+    probes[-1].set_result(None)
+    assert d.probe_quarantined() == [] and len(probes) == 4
+    d.quarantine("w", "froze again")  # the probe in flight was sent before: it proves nothing
+    probes[-1].set_result(None)
+    assert d.probe_quarantined() == [] and len(probes) == 5
+    probes[-1].set_result(None)
+    assert d.probe_quarantined() == []
+    probes[-1].set_result(None)
+    assert d.probe_quarantined() == ["w"] and d.quarantined() == set()

@@ -1,7 +1,8 @@
 """Env code where users write it: ``__main__``, a notebook, a test module, a local package.
 
 All tests run against separate ``dask worker`` processes started from a temporary
-directory with a clean ``PYTHONPATH``, so the workers cannot import the tests' modules:
+directory with a ``PYTHONPATH`` holding only the checkout's root (for daskvec itself),
+so the workers cannot import the tests' modules:
 the code must travel by value (:func:`daskvec.cluster.clients.dumps_factories`).
 """
 

@@ -21,6 +21,7 @@ import pytest
 from envs import CountingEnv, SpaceEnv
 from gym_helpers import assert_identical, run_both
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from wire_frames import check_channel
 
 from daskvec.errors import AlreadySteppingError
 from daskvec.gymnasium.vector_env import DaskVectorEnv, make_vec
@@ -71,6 +72,19 @@ def test_attributes_calls_and_render(client2: Any) -> None:
             dask.set_attr("horizon", [1, 2])
         run_both(sync, dask, 5, AutoresetMode.NEXT_STEP, seed=5)
     sync.close()
+
+
+@pytest.mark.parametrize("transport", ["direct", "actor"])
+def test_groups_name_their_channels(client2: Any, transport: str) -> None:
+    fns = [functools.partial(SpaceEnv, "box") for _ in range(4)]
+    with contextlib.closing(DaskVectorEnv(fns, client2, transport=transport)) as dask:
+        groups = dask.groups
+        assert groups and {g["transport"] for g in groups} == {"direct/unix" if transport == "direct" else "actor"}
+        for g in groups:
+            check_channel(g)
+            assert not g["encrypted"]
+            if transport == "direct":
+                assert g["channel"] == g["socket_path"] and g["address"] is not None, g
 
 
 @pytest.mark.timeout(120)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from envs import SPACE_KINDS, CountingEnv, SpaceEnv, assert_same
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
+from wire_frames import check_channel
 
 from daskvec import DaskVecEnv
 from daskvec.cluster.clients import scheduler_workers
@@ -406,6 +407,19 @@ def test_close_while_step_in_flight(backend: str, vec_factory: Any, tmp_path: Pa
     venv.close()
     check_closed(backend, venv, tmp_path)
     venv.close()
+
+
+@pytest.mark.parametrize("backend", DASK_BACKENDS)
+def test_groups_name_their_channels(backend: str, vec_factory: Any) -> None:
+    """Each group's entry says where its channel goes (address, socket path) and whether it is encrypted."""
+    venv = vec_factory(backend, space_fns("box"))
+    html = venv._repr_html_()
+    for g in venv.groups:
+        check_channel(g)
+        if g["transport"] == "direct":
+            assert g["address"] is not None  # the TCP listener, which a firewall must let through
+        # the notebook view shows it too
+        assert f"{g['channel'] or 'actor calls'} (not encrypted)" in html, (g, html)
 
 
 @pytest.mark.parametrize("backend", DASK_BACKENDS)

@@ -347,6 +347,42 @@ def test_refusals_are_logged_rate_limited(server: ChannelServer, caplog: pytest.
     assert len(refusals) == 1 and "wrong token" in refusals[0].getMessage()
 
 
+def test_malformed_messages_after_the_handshake_are_logged_rate_limited(
+    server: ChannelServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a peer holding the token, reconnecting to send garbage again and again
+    with caplog.at_level(logging.WARNING, logger="daskvec.transport.server"):
+        for name in list(MALFORMED) * 3:
+            ch = DirectChannel(server.address, TOKEN, connect_timeout=10)
+            sock = ch._sock
+            assert sock is not None
+            sock.sendall(MALFORMED[name])
+            # the server logs before it closes: every line is out once this returns
+            assert closed_by_server(sock, 10), f"the server kept a connection that sent {name!r}"
+            ch.close()
+    dropped = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
+    assert len(dropped) == 1, [r.getMessage() for r in dropped]
+
+
+def test_a_gone_handler_is_logged_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    def gone(request: object) -> object:
+        raise ChannelError("the group is closed")
+
+    srv = ChannelServer("127.0.0.1", TOKEN, gone, name="gone", handshake_timeout=3.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="daskvec.transport.server"):
+            for _ in range(10):
+                ch = DirectChannel(srv.address, TOKEN, connect_timeout=10)
+                ch.send(("hello",))
+                with pytest.raises(ChannelError):
+                    ch.recv(10)  # the server logs before it closes, so the line is out by now
+                ch.close()
+    finally:
+        srv.close()
+    dropped = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
+    assert len(dropped) == 1, [r.getMessage() for r in dropped]
+
+
 # --------------------------------------------------------------------------- fd exhaustion
 @pytest.mark.timeout(180)
 def test_fd_exhaustion_in_a_worker_does_not_stop_its_accept_loop(dask_processes: Any, tmp_path: Path) -> None:

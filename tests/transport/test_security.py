@@ -264,7 +264,8 @@ def test_a_hanging_factory_is_a_build_timeout_and_frees_the_cluster(
 def _start_child_then_hang(pid_file: str, release: str) -> gym.Env[Any, Any]:
     """A factory that starts a process of its own (as an AsyncVectorEnv does), then hangs."""
     child = subprocess.Popen(["sleep", "300"])
-    Path(pid_file).write_text(str(child.pid))
+    Path(pid_file + ".part").write_text(str(child.pid))
+    os.replace(pid_file + ".part", pid_file)  # whole or absent, even if the process is killed meanwhile
     return _wait_for_file(release)
 
 
@@ -280,8 +281,16 @@ def test_killing_an_env_process_kills_what_its_envs_started(client2: Any, releas
     """The env process leads a process group of its own: a hung build's kill takes its envs' children along."""
     pid_file = tmp_path / "child.pid"
     hang = functools.partial(_start_child_then_hang, str(pid_file), release)
-    with pytest.raises(EnvBuildTimeoutError, match="env process was killed"):
-        DaskVecEnv([hang], client=client2, timeout=3, worker_wait_timeout=5, env_process=True)
+    # The build must time out after the factory started its child: an env process takes seconds
+    # to import what it needs on a loaded machine, so a timeout that fired before the factory ran
+    # proves nothing, and the test tries again with twice the timeout.
+    for timeout in (3.0, 6.0, 12.0, 24.0):
+        with pytest.raises(EnvBuildTimeoutError, match="env process was killed"):
+            DaskVecEnv([hang], client=client2, timeout=timeout, worker_wait_timeout=timeout, env_process=True)
+        if pid_file.exists():
+            break
+    else:
+        pytest.fail("the env process never reached its factory, with a build timeout of up to 24 s")
     child = int(pid_file.read_text())
     wait_until(lambda: not _running(child), 20, f"process {child}, started by an env, to end with its group")
 

@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from envs import CountingEnv
+from wire_frames import check_channel
 
 from daskvec import DaskVecEnv
 from daskvec.protocol.messages import StepRequest
@@ -79,6 +80,11 @@ def test_daskvec_end_to_end_on_a_tls_cluster(tls_cluster: Any) -> None:
 def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="direct", timeout=60) as env:
         assert env.encrypted and {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
+        html = env._repr_html_()
+        for g in env.groups:  # where each channel goes, and that it is encrypted, for env.groups and the notebook
+            check_channel(g)
+            assert g["encrypted"] and g["socket_path"] is None and g["channel"] == g["address"], g
+            assert f"{g['channel']} (encrypted)" in html
     # envs in a process of their own: that process serves the TLS channel with the worker's certificate
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, env_process=True, timeout=60) as env:
         assert env.encrypted and {(g["transport"], g["socket"]) for g in env.groups} == {("direct", "tls")}
@@ -87,6 +93,9 @@ def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFix
         assert env.step(np.zeros(2, dtype=np.int64))[1].tolist() == [1.0, 1.0]
     with DaskVecEnv([cartpole] * 2, client=tls_cluster, transport="actor", timeout=60) as env:
         assert not env.encrypted and {g["transport"] for g in env.groups} == {"actor"}
+        for g in env.groups:  # no channel of daskvec's own; Dask's comms are TLS on this cluster
+            check_channel(g)
+            assert g["encrypted"] and g["channel"] is None, g
         env.reset()
     with (
         caplog.at_level(logging.WARNING, logger="daskvec"),
@@ -94,6 +103,9 @@ def test_transport_choices_on_tls(tls_cluster: Any, caplog: pytest.LogCaptureFix
     ):
         assert not env.encrypted
         assert {(g["transport"], g["socket"]) for g in env.groups} <= {("direct", "unix"), ("direct", "tcp")}
+        for g in env.groups:
+            check_channel(g)
+            assert not g["encrypted"], g
         env.reset()
     assert any("UNENCRYPTED" in r.getMessage() for r in caplog.records)
 
