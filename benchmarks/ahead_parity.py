@@ -25,28 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from benchmarks.learning import ZOO_CARTPOLE
+from benchmarks.time_to_reward import evaluate
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["bootstrap_difference", "run_parity"]
 
-ZOO_PPO_CARTPOLE: dict[str, Any] = {
-    "n_steps": 32,
-    "batch_size": 256,
-    "gae_lambda": 0.8,
-    "gamma": 0.98,
-    "n_epochs": 20,
-    "ent_coef": 0.0,
-    "learning_rate": 1e-3,
-    "clip_range": 0.2,
-}
 SAC_PENDULUM: dict[str, Any] = {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 32}
 SETTINGS = {
-    "ppo": ("CartPole-v1", 8, 50_000, ZOO_PPO_CARTPOLE),
+    "ppo": ("CartPole-v1", 8, 50_000, ZOO_CARTPOLE),
     "sac": ("Pendulum-v1", 4, 20_000, SAC_PENDULUM),
 }
 
@@ -58,21 +49,6 @@ def bootstrap_difference(a: list[float], b: list[float], draws: int = 10_000, se
     diffs = rng.choice(y, (draws, len(y))).mean(axis=1) - rng.choice(x, (draws, len(x))).mean(axis=1)
     low, high = np.percentile(diffs, [2.5, 97.5])
     return float(low), float(high)
-
-
-def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.monitor import Monitor
-
-    env = Monitor(gym.make(env_id))
-    env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        env.close()
-    return float(np.mean(rewards))
 
 
 def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any) -> dict[str, Any]:
@@ -97,7 +73,7 @@ def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any) -> dict
     finally:
         env.close()
     wall = time.perf_counter() - started
-    score = _evaluate(model, env_id, episodes, seed=10_000 + seed)
+    score = evaluate(model, env_id, episodes, seed=10_000 + seed)
     logger.info("parity: %s ahead=%d seed %d: %.1f in %.0fs", algo, ahead, seed, score, wall)
     return {"seed": seed, "collect_ahead": ahead, "mean_return": score, "wall_s": round(wall, 2)}
 

@@ -35,23 +35,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from benchmarks.learning import ZOO_CARTPOLE
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CASES", "format_time_to_reward_table", "run_time_to_reward"]
+__all__ = ["CASES", "evaluate", "format_time_to_reward_table", "run_time_to_reward"]
 
-#: RL Zoo's PPO hyperparameters for CartPole-v1 (schedules made constant), 8 envs.
-ZOO_PPO_CARTPOLE: dict[str, Any] = {
-    "n_steps": 32,
-    "batch_size": 256,
-    "gae_lambda": 0.8,
-    "gamma": 0.98,
-    "n_epochs": 20,
-    "ent_coef": 0.0,
-    "learning_rate": 1e-3,
-    "clip_range": 0.2,
-}
 #: RL Zoo's SAC hyperparameters for Pendulum-v1 (learning rate 1e-3), collected 8 vec-steps at a time.
 ZOO_SAC_PENDULUM: dict[str, Any] = {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 8}
 
@@ -93,7 +83,8 @@ class _MakeEnv:
         return Waiting(env, self.delay) if self.delay > 0 else env
 
 
-def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
+def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
+    """The mean return of ``episodes`` deterministic episodes on a seeded ``env_id`` of its own."""
     from stable_baselines3.common.evaluation import evaluate_policy
 
     env = gym.make(env_id)
@@ -122,7 +113,7 @@ def _make_model(case: str, seed: int, env_delay: float, client: Any) -> Any:
         _MakeEnv(env_id, env_delay), n_envs=N_ENVS[env_id], seed=seed, vec_env_cls=vec_cls, vec_env_kwargs=kwargs
     )
     cls: Any = {"ppo": PPO, "daskppo": DaskPPO, "sac": SAC, "dasksac": DaskSAC}[algo]
-    hyper = dict(ZOO_PPO_CARTPOLE if env_id == "CartPole-v1" else ZOO_SAC_PENDULUM)
+    hyper = dict(ZOO_CARTPOLE if env_id == "CartPole-v1" else ZOO_SAC_PENDULUM)
     if ahead is not None:
         hyper["collect_ahead"] = ahead
     return cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hyper)
@@ -157,7 +148,7 @@ def _run_case(
             self.next += eval_every
             t0 = time.perf_counter()
             elapsed = t0 - started - paused[0]  # the wall clock so far, without the evaluations before
-            score = _evaluate(self.model, env_id, eval_episodes, seed=10_000 + seed)
+            score = evaluate(self.model, env_id, eval_episodes, seed=10_000 + seed)
             paused[0] += time.perf_counter() - t0
             curve.append((elapsed, self.num_timesteps, score))
             return score < goal

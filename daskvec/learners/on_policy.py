@@ -453,7 +453,7 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
     def _bootstrap(
         self, rollout: Rollout, t: int, step: _Replayed, rewards: np.ndarray, workers_values: bool = True
     ) -> None:
-        """``reward += gamma * V(terminal_obs)`` for truncated episodes (SB3 issue 633).
+        """``reward += gamma * V(terminal_obs)`` for truncated episodes (as SB3 does since its #633).
 
         ``workers_values``: use the value the worker computed with the shipped policy;
         otherwise (a rollout collected ahead) the learner's current value function's.

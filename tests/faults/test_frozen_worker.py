@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import WitnessEnv, triple
 from waiting import wait_until
 
 from daskvec import DaskVecEnv
@@ -39,47 +40,25 @@ SLOW = STEP_TIMEOUT / 3
 FLAG_AFTER = 5
 
 
-class WitnessEnv(gym.Env[np.ndarray, int]):
-    """Observation ``(index, episode, step)``; each step sleeps ``delay`` seconds (0 unless set)."""
+class FlaggingWitnessEnv(WitnessEnv):
+    """The witness, never truncated, that can touch a file once it is a few steps into a collection."""
 
     def __init__(self, index: int) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1e9, shape=(3,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.index = index
-        self.episode = -1
-        self.t = 0
-        self.delay = 0.0
+        super().__init__(index)
         self.flag: str | None = None
         self.flagged = 0
 
-    def _obs(self) -> np.ndarray:
-        return np.array([self.index, self.episode, self.t], dtype=np.float32)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        return self._obs(), {}
-
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        time.sleep(self.delay)
-        self.t += 1
+        out = super().step(action)
         if self.flag is not None:  # say, once, that this env is a few slow steps into a collection
             self.flagged += 1
             if self.flagged == FLAG_AFTER:
                 Path(self.flag).touch()
-        return self._obs(), 1.0, False, False, {}
+        return out
 
 
 def witness_fns() -> list[Callable[[], gym.Env[Any, Any]]]:
-    return [lambda i=i: WitnessEnv(i) for i in range(N_ENVS)]  # type: ignore[misc]
-
-
-def triple(x: Any) -> tuple[int, int, int]:
-    a = np.asarray(x)
-    return int(a[0]), int(a[1]), int(a[2])
+    return [lambda i=i: FlaggingWitnessEnv(i) for i in range(N_ENVS)]  # type: ignore[misc]
 
 
 class Witness:

@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import DaskProcesses
+from envs import WitnessEnv, triple
 from stable_baselines3.common.callbacks import BaseCallback
 
 from daskvec import DaskVecEnv, DaskVectorEnv
@@ -51,39 +52,8 @@ LOSS_BOUND = 90.0
 CLOSE_BOUND = 30.0
 
 
-class WitnessEnv(gym.Env[np.ndarray, int]):
-    """Observation ``(index, episode, step)``; the episode is truncated after ``HORIZON`` steps."""
-
-    def __init__(self, index: int) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1e9, shape=(3,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.index = index
-        self.episode = -1
-        self.t = 0
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self.index, self.episode, self.t], dtype=np.float32)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self.t += 1
-        return self._obs(), 1.0, False, self.t >= HORIZON, {}
-
-
 def witness_fns() -> list[Callable[[], gym.Env[Any, Any]]]:
-    return [lambda i=i: WitnessEnv(i) for i in range(N_ENVS)]  # type: ignore[misc]
-
-
-def triple(x: Any) -> tuple[int, int, int]:
-    a = np.asarray(x)
-    return int(a[0]), int(a[1]), int(a[2])
+    return [lambda i=i: WitnessEnv(i, HORIZON) for i in range(N_ENVS)]  # type: ignore[misc]
 
 
 class Witness:

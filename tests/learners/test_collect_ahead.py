@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from envs import WitnessEnv, triple
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import obs_as_tensor
@@ -40,40 +41,8 @@ N_ENVS = 4
 HORIZON = 7
 
 
-class WitnessEnv(gym.Env[np.ndarray, int]):
-    """Observation ``(index, episode, step)``, truncated after ``HORIZON`` steps; ``delay`` seconds a step."""
-
-    def __init__(self, index: int, delay: float = 0.0) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1e9, shape=(3,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.index, self.delay = index, delay
-        self.episode, self.t = -1, 0
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self.index, self.episode, self.t], dtype=np.float32)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self.delay:
-            time.sleep(self.delay)
-        self.t += 1
-        return self._obs(), 1.0, False, self.t >= HORIZON, {}
-
-
 def witness_fns(delay: float = 0.0) -> list[Any]:
-    return [lambda i=i: WitnessEnv(i, delay) for i in range(N_ENVS)]
-
-
-def triple(x: Any) -> tuple[int, int, int]:
-    a = np.asarray(x)
-    return int(a[0]), int(a[1]), int(a[2])
+    return [lambda i=i: WitnessEnv(i, HORIZON, delay) for i in range(N_ENVS)]
 
 
 class WitnessCheck(BaseCallback):
@@ -323,7 +292,7 @@ class BoxWitnessEnv(WitnessEnv):
     """The witness with a continuous action (SAC, TD3, DDPG)."""
 
     def __init__(self, index: int, delay: float = 0.0) -> None:
-        super().__init__(index, delay)
+        super().__init__(index, HORIZON, delay)
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)  # type: ignore[assignment]
 
 
