@@ -4,7 +4,7 @@ Two workloads, each with the worker-side learner beside SB3's own algorithm over
 same synchronous :class:`~daskvec.DaskVecEnv`, timed over ``learn()`` (env-steps per
 second, training included):
 
-- ``sac``: :class:`~daskvec.learners.on_policy.DaskSAC` and SB3's ``SAC`` on Pendulum-v1 (16 envs,
+- ``sac``: :class:`~daskvec.sb3.DaskSAC` and SB3's ``SAC`` on Pendulum-v1 (16 envs,
   ``train_freq=(16, "step")``, ``gradient_steps=16``);
 - ``cnn``: :class:`~daskvec.learners.on_policy.DaskPPO` and SB3's ``PPO`` with ``CnnPolicy`` on 84x84x4
   frame stacks (``VecFrameStack(4)`` over 84x84 grey frames: Atari Pong when ``ale-py``

@@ -366,7 +366,7 @@ class DaskSAC(_WorkerCollection, SAC):
     --------
     >>> from stable_baselines3.common.env_util import make_vec_env
     >>> from daskvec import DaskVecEnv
-    >>> from daskvec.learners.on_policy import DaskSAC
+    >>> from daskvec.sb3 import DaskSAC
     >>> env = make_vec_env("Pendulum-v1", n_envs=16, vec_env_cls=DaskVecEnv)  # doctest: +SKIP
     >>> model = DaskSAC("MlpPolicy", env, train_freq=(16, "step"), gradient_steps=16)  # doctest: +SKIP
     >>> model.learn(20_000)  # doctest: +SKIP

@@ -21,8 +21,7 @@ are then exactly PPO and A2C); with ``use_sde``, a Tuple observation space, anot
 VecEnv wrapper, or a ``VecNormalize`` under another wrapper, with one warning. See
 docs/rollouts.md.
 
-The off-policy learners :class:`DaskSAC`, :class:`DaskTD3`, :class:`DaskDDPG` and
-:class:`DaskDQN` (:mod:`daskvec.learners.off_policy`, docs/offpolicy.md) are exported here too.
+Users import the learners from :mod:`daskvec.sb3`.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -54,41 +53,13 @@ from stable_baselines3.common.vec_env.stacked_observations import StackedObserva
 
 from daskvec._core.rollouts import PolicyShipment, Rollout
 from daskvec.learners.ahead import Ahead, CollectAhead
-from daskvec.monitoring.sb3_logger import DaskVecEnvMetrics
 from daskvec.protocol.rollout_records import FrameStack, ObsPipeline, TransposeImage
 from daskvec.sb3.vec_env import DaskVecEnv
 from daskvec.worker.obs import normalize_obs
 
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from daskvec.learners.off_policy import DaskDDPG, DaskDQN, DaskSAC, DaskTD3
-
-__all__ = [
-    "DaskA2C",
-    "DaskDDPG",
-    "DaskDQN",
-    "DaskPPO",
-    "DaskSAC",
-    "DaskTD3",
-    "DaskVecEnvMetrics",
-    "RolloutPlan",
-    "obs_stages",
-    "plan_rollouts",
-]
-
-#: The off-policy learners, defined in :mod:`daskvec.learners.off_policy` (which builds on this module).
-_OFF_POLICY = ("DaskDDPG", "DaskDQN", "DaskSAC", "DaskTD3")
-
-
-def __getattr__(name: str) -> Any:
-    # imported when first asked for: daskvec.learners.off_policy imports this module
-    if name in _OFF_POLICY:
-        from daskvec.learners import off_policy as offpolicy
-
-        return getattr(offpolicy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__all__ = ["DaskA2C", "DaskPPO", "RolloutPlan", "obs_stages", "plan_rollouts"]
 
 #: Wrappers whose effect is reproduced faithfully around worker-side rollouts.
 SUPPORTED_WRAPPERS = (VecMonitor, VecNormalize, VecFrameStack, VecTransposeImage)

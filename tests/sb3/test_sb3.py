@@ -145,8 +145,8 @@ def test_metrics_land_in_sb3_csv_log_with_restart_counts(dclient: Any, tmp_path:
 
 def test_metrics_of_worker_side_rollouts(dclient: Any, tmp_path: Path) -> None:
     """DaskPPO collects its rollouts on the workers: the callback still sees their steps and time split."""
-    from daskvec.learners.on_policy import DaskVecEnvMetrics as FromSb3
     from daskvec.sb3 import DaskPPO
+    from daskvec.sb3 import DaskVecEnvMetrics as FromSb3
 
     assert FromSb3 is DaskVecEnvMetrics
     env = DaskVecEnv([CountingEnv] * 4, client=dclient)
