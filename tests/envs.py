@@ -1,12 +1,18 @@
-"""Test environments, deliberately in a module the workers cannot import."""
+"""Test environments, deliberately in a module the workers cannot import.
+
+The witness env (:class:`WitnessEnv`, :func:`triple`) lives in :mod:`benchmarks.witness`, which
+the soak shares; it is re-exported here for the tests.
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from benchmarks.witness import WitnessEnv as WitnessEnv  # re-exported: the tests' one witness
+from benchmarks.witness import triple as triple
 
 
 class CountingEnv(gym.Env[np.ndarray, int]):
@@ -236,40 +242,3 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
     else:
         assert a == b, f"{where}: {a!r} vs {b!r}"
         assert isinstance(a, bool) == isinstance(b, bool), f"{where}: {type(a)} vs {type(b)}"
-
-
-# --------------------------------------------------------------------------- the witness
-class WitnessEnv(gym.Env[np.ndarray, int]):
-    """Observation ``(index, episode, step)``: a test proves from it that no step returned stale,
-    shifted or foreign data. Truncated after ``horizon`` steps (never, if ``None``); each step
-    sleeps ``delay`` seconds."""
-
-    def __init__(self, index: int, horizon: int | None = None, delay: float = 0.0) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1e9, shape=(3,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.index, self.horizon, self.delay = index, horizon, delay
-        self.episode = -1
-        self.t = 0
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self.index, self.episode, self.t], dtype=np.float32)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self.delay:
-            time.sleep(self.delay)
-        self.t += 1
-        return self._obs(), 1.0, False, self.horizon is not None and self.t >= self.horizon, {}
-
-
-def triple(x: Any) -> tuple[int, int, int]:
-    """A witness observation as ``(index, episode, step)``."""
-    a = np.asarray(x)
-    return int(a[0]), int(a[1]), int(a[2])

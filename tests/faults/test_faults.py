@@ -24,6 +24,7 @@ from conftest import DaskProcesses, start_dask_processes
 from envs import CountingEnv
 from worker_processes import group_pids, process_of
 
+from benchmarks.witness import dask_ports, footprint_probe
 from daskvec import DaskVecEnv
 from daskvec.cluster.clients import keep_env_workers, scheduler_workers
 from daskvec.errors import DaskVecEnvError, EnvRestartBudgetExceeded, StepTimeoutError
@@ -817,43 +818,6 @@ def freeze(pid: int) -> None:
     while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
         assert time.monotonic() < deadline, f"process {pid} did not stop"
         time.sleep(0.01)
-
-
-def footprint_probe(dask_ports: set[int]) -> Any:
-    """A function for ``Client.run``: what daskvec holds in a worker process.
-
-    Its threads (by name), its sockets (every socket of the process but Dask's own
-    comms, which end at the scheduler's or a worker's port) and its child processes (env
-    processes). Made here, as a closure, so that it travels to the workers by value.
-    """
-    ports = frozenset(dask_ports)
-
-    def footprint() -> dict[str, list[str]]:
-        import threading
-
-        import psutil
-
-        def dask_comm(conn: Any) -> bool:
-            return any(isinstance(a, tuple) and len(a) == 2 and a[1] in ports for a in (conn.laddr, conn.raddr))
-
-        me = psutil.Process()
-        return {
-            "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("daskvec")),
-            "sockets": sorted(
-                f"{c.family.name} {c.laddr}->{c.raddr} {c.status}"
-                for c in me.net_connections("all")
-                if not dask_comm(c)
-            ),
-            "env processes": sorted(str(p.pid) for p in me.children() if p.status() != psutil.STATUS_ZOMBIE),
-        }
-
-    return footprint
-
-
-def dask_ports(client: Any) -> set[int]:
-    """The ports of the scheduler and of every worker: the ends of Dask's own comms."""
-    info = client.scheduler_info()
-    return {int(a.rsplit(":", 1)[1]) for a in [info["address"], *info["workers"]]}
 
 
 def wait_for_footprint(client: Any, probe: Any, expected: dict[str, Any], what: str, timeout: float = 30) -> None:
