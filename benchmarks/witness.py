@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 
-class WitnessEnv(gym.Env[np.ndarray, int]):
+class WitnessEnv(gym.Env[np.ndarray, np.int64]):
     """Observation ``(index, episode, step)``: a test proves from it that no step returned stale,
     shifted or foreign data. Truncated after ``horizon`` steps (never, if ``None``); each step
     sleeps ``delay`` seconds.
@@ -52,7 +52,7 @@ class WitnessEnv(gym.Env[np.ndarray, int]):
         self.t = 0
         return self._obs(), {}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self.delay:
             time.sleep(self.delay)
         self.t += 1
