@@ -481,7 +481,10 @@ class Recovery:
             self.pool.teardown(failed, graceful=False)
             if attempt == _ATTEMPTS - 1:
                 raise WorkerLostError(
-                    f"the envs {lost_again} were lost again each time they were rebuilt",
+                    f"the envs {lost_again} were lost again each time they were rebuilt ({_ATTEMPTS} times; the "
+                    f"last time: {replies[failed[0]]}). An env that ends its process at reset (a simulator's "
+                    "assertion, a window where there is no display) is lost wherever it goes: reset one in a "
+                    "process of your own to see why",
                     env_indices=lost_again,
                     worker=failed[0].worker,
                 )
@@ -492,7 +495,9 @@ class Recovery:
                 sorted({g.worker for g in failed}),
             )
             bad |= {g.worker for g in failed}
-            layout = self.directory.place([list(g.env_indices) for g in failed], self.pool.load(), bad)
+            # as for the first placement: workers still alive (only an env process died) are used again
+            # when no other is left, rather than waiting worker_wait_timeout for a new one
+            layout = self.directory.place([list(g.env_indices) for g in failed], self.pool.load(), bad, bad)
         self.pool.groups.sort(key=lambda g: g.env_indices[0])
         logger.info("rebuilt envs %s on %s", sorted(reason_of), sorted({r.group.worker for r in rebuilds}))
         return rebuilds

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -158,8 +160,9 @@ def build_envs(
 ) -> list[gym.Env[Any, Any]]:
     """One env per factory, each a new one (``progress[0]``: the position being built); all closed if one fails.
 
-    Envs that render to a window (``render_mode="human"``) are refused when another env
-    group of this process already has such envs open (:func:`_claim_the_display`).
+    Envs that render to a window (``render_mode="human"``) are refused when their windowing
+    library needs a display this process does not have (:func:`_check_the_display`), and when
+    another env group of this process already has such envs open (:func:`_claim_the_display`).
     """
     envs: list[gym.Env[Any, Any]] = []
     try:
@@ -175,6 +178,7 @@ def build_envs(
                         "(e.g. `lambda: gym.make(...)`)"
                     )
             envs.append(env)
+            _check_the_display(env, env_indices[pos], where)
         _claim_the_display(envs, env_indices, where)
     except BaseException:
         close_envs(envs, where)
@@ -190,6 +194,52 @@ _WINDOW_LOCK = threading.Lock()
 
 def _renders_to_a_window(env: Any) -> bool:
     return getattr(env, "render_mode", None) == "human"
+
+
+def _has_display() -> bool:
+    """Whether a window can be opened from this process (on Linux: an X11 or Wayland display is named)."""
+    if not sys.platform.startswith("linux"):
+        return True  # macOS and Windows always have one (whether a worker may use it is theirs to say)
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def _window_library(env: Any) -> str | None:
+    """The windowing library ``env`` opens its window with, when it is one that cannot do without a display.
+
+    pygame's SDL falls back to an offscreen driver when there is no display (CartPole and
+    the other classic-control envs render, to nowhere), so it is not named. MuJoCo's
+    viewer opens a GLFW window, and GLFW with no display fails an assertion that aborts
+    the process at the env's first render (its reset).
+    """
+    unwrapped = getattr(env, "unwrapped", env)
+    if getattr(unwrapped, "mujoco_renderer", None) is not None:
+        return "GLFW (MuJoCo's viewer)"
+    return None
+
+
+def _check_the_display(env: Any, index: int, where: str) -> None:
+    """Refuse at once an env whose window needs a display where this process has none.
+
+    Without this the env's first reset aborts the process that holds it (the worker, or
+    its env process), and each rebuild elsewhere aborts again.
+
+    Raises
+    ------
+    daskvec.errors.EnvBuildError
+        ``env`` renders to a window with a library that needs a display, and there is none.
+    """
+    if not _renders_to_a_window(env) or _has_display():
+        return
+    library = _window_library(env)
+    if library is None:
+        return
+    raise EnvBuildError(
+        f"env {index} renders to a window (render_mode='human') with {library}, and worker {where} has no "
+        "display (neither DISPLAY nor WAYLAND_DISPLAY is set in its environment): its first render would abort "
+        "the process. Start the workers where a display is (DISPLAY set in their environment), or use "
+        "render_mode='rgb_array' (with MUJOCO_GL=egl it needs no display) and show the frames yourself",
+        env_indices=[index],
+    )
 
 
 def _claim_the_display(envs: Sequence[Any], env_indices: Sequence[int], where: str) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from envs import BrokenStepEnv, CountingEnv, EnvCrashed, ReshapingEnv, SlowAttrEnv, SpaceEnv
@@ -184,6 +185,83 @@ def test_envs_rendering_to_a_window_answer_within_seconds(dclient: Any, worker_a
         venv.reset()
         obs, _, _, _ = venv.step(np.zeros(2, dtype=np.int64))
         assert obs.shape == (2, 4)
+    finally:
+        venv.close()
+
+
+def _window_mujoco() -> Any:
+    """A MuJoCo env rendering to a window (GLFW, MuJoCo's viewer), on a worker without a display."""
+    import gymnasium as gym
+
+    os.environ.pop("DISPLAY", None)
+    os.environ.pop("WAYLAND_DISPLAY", None)
+    return gym.make("InvertedPendulum-v5", render_mode="human")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("env_process", [False, True], ids=["in-worker", "env-process"])
+@pytest.mark.parametrize("face", ["sb3", "gymnasium"])
+def test_a_window_without_a_display_answers_within_seconds(dclient: Any, face: str, env_process: bool) -> None:
+    """A ``render_mode="human"`` env whose window needs a display, on workers that have none: refused at
+    its build, saying why and what to do, on both faces, in a worker and in an env process.
+
+    Before, GLFW aborted the process holding the env at its first reset: in a worker, the
+    rebuild elsewhere was refused as a "second window" (a wrong cause); in an env process,
+    each rebuild aborted again and the vec env waited 300 s for another worker.
+    """
+    pytest.importorskip("mujoco", reason="MuJoCo's viewer renders to a window with GLFW")
+    from daskvec import DaskVectorEnv
+
+    make = DaskVecEnv if face == "sb3" else DaskVectorEnv
+    with pytest.raises(EnvBuildError, match=r"render_mode='human'\) with GLFW") as info:
+        venv = make([_window_mujoco] * 2, client=dclient, env_process=env_process, timeout=20)
+        try:
+            venv.reset()  # where GLFW would open the window
+        finally:
+            venv.close()
+    message = str(info.value)
+    assert "has no display" in message and "render_mode='rgb_array'" in message, message
+
+
+@pytest.mark.timeout(30)
+def test_a_window_without_a_display_renders_to_nowhere_with_pygame(dclient: Any) -> None:
+    """pygame's SDL falls back to an offscreen driver without a display: CartPole with
+    ``render_mode="human"`` steps on the Gymnasium face too, one env process per group."""
+    pytest.importorskip("pygame", reason="CartPole renders to a window with pygame")
+    from daskvec import DaskVectorEnv
+
+    envs = DaskVectorEnv([_window_cartpole] * 2, client=dclient, env_process=True, envs_per_actor=1, timeout=20)
+    try:
+        envs.reset(seed=0)
+        obs, *_ = envs.step(np.zeros(2, dtype=np.int64))
+        assert obs.shape == (2, 4)
+    finally:
+        envs.close()
+
+
+class _AbortAtReset(gym.Env[np.ndarray, int]):
+    """Ends its process at reset, as GLFW does at an env's first render where there is no display."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        os.abort()
+
+    def step(self, action: int) -> Any:
+        raise AssertionError("never stepped")
+
+
+@pytest.mark.timeout(120)
+def test_an_env_that_ends_its_env_process_at_reset_fails_within_seconds(dclient: Any) -> None:
+    """Each rebuild of such an env ends its env process again: the rebuilds use the live workers
+    again and the last failure is named, instead of waiting ``worker_wait_timeout`` (300 s) for
+    another worker."""
+    venv = DaskVecEnv([_AbortAtReset] * 2, client=dclient, env_process=True, envs_per_actor=1, timeout=20)
+    try:
+        with pytest.raises(WorkerLostError, match="lost again each time they were rebuilt") as info:
+            venv.reset()
+        assert "reset one in a process of your own" in str(info.value)
     finally:
         venv.close()
 

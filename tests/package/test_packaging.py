@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -243,3 +244,182 @@ def test_wheel_installed_alone_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> N
     assert (
         "source repository (benchmarks/across.py)" in moved.stderr and "daskvec bench --scenario hosts" in moved.stderr
     )
+
+
+# --------------------------------------------------------------------------- the commands the pages show
+#: The pages a user reads: their shell code blocks (```bash, and unlabelled blocks that open
+#: with a command) show the commands this test knows.
+PAGES = ("README.md", "CONTRIBUTING.md", "docs/*.md")
+
+#: Arguments that make a benchmark run cheap: two envs, short windows, no waits, two vec envs, no chart.
+CHEAP_BENCH = shlex.split("--envs 2 --seconds 0.3 --warmup 0 --settle 0 --vec-envs dummy,dask --no-plot")
+#: A PPO run of 64 steps (2 envs x 32) and one evaluation episode.
+CHEAP_TRAIN = shlex.split("--hyperparams n_steps=32 batch_size=32 --eval-episodes 1 --no-progress")
+
+#: Each shown command this test runs from the wheel-installed venv, in a cheap form: the
+#: options whose values are replaced (the shown flags all stay, so a renamed flag fails
+#: here), and the arguments added. ``...`` in a command stands for the added arguments.
+RUN: dict[str, tuple[dict[str, str], list[str]]] = {
+    "daskvec train CartPole-v1 --n-envs 8 --timesteps 25000 --save ppo-cartpole": (
+        {"--n-envs": "2", "--timesteps": "64"},
+        CHEAP_TRAIN,
+    ),
+    "daskvec zoo --n-workers 2 --algo ppo --env CartPole-v1 -n 50000": ({"-n": "256"}, ["--eval-freq", "-1"]),
+    # DummyVecEnv alone (no cluster): the entry points and the scenarios' names and flags; the
+    # command after it, and the test above, measure a DaskVecEnv
+    "daskvec bench --scenario light heavy": ({}, [*CHEAP_BENCH, "--vec-envs", "dummy"]),
+    "daskvec bench --scenario light --envs 8 --seconds 5 --repeat 3": (
+        {"--envs": "2", "--seconds": "0.3", "--repeat": "1"},
+        CHEAP_BENCH[4:],
+    ),
+    "daskvec bench --scenario light heavy --repeat 3": ({"--repeat": "1"}, [*CHEAP_BENCH, "--vec-envs", "dummy"]),
+    "python -m daskvec.bench ...": ({}, ["--scenario", "light", *CHEAP_BENCH, "--vec-envs", "dummy"]),
+}
+
+_CLONE = "a developer's command in a clone (CI runs it: .ci/run)"
+_INSTALL = "an install: the test's venv has the wheel installed instead"
+_HEAD = "needs a cluster at that address (a scheduler on another host)"
+_SOURCE = "a benchmark of the source repository's benchmarks/ (asked of a wheel: tests/cli/test_bench.py)"
+_SLURM = "a SLURM cluster (tests/cluster/test_slurm.py, on the single-node SLURM of .ci/slurm.sh)"
+_TLS = "needs certificates and the hosts it names (tests/transport/test_security.py runs TLS clusters)"
+_JUPYTER = "a JupyterLab server (the notebooks extra; tests/monitoring runs the notebooks)"
+
+#: Each shown command this test does not run, and why.
+NOT_RUN: dict[str, str] = {
+    "python3 -m venv .venv": "the test's own fresh venv stands in for it",
+    ". .venv/bin/activate": "the test runs the venv's own executables",
+    "pip install torch==2.13.0": _INSTALL,
+    "pip install -q torch==2.13.0": _INSTALL,
+    "pip install -e .": _INSTALL,
+    'pip install -q -e ".[test]"': _INSTALL,
+    'pip install -e ".[test]"': _INSTALL,
+    'pip install -e ".[zoo]"': _INSTALL,
+    'pip install -e ".[docs]"': _INSTALL,
+    'pip install -e ".[release]"': _INSTALL,
+    'pip install -e ".[jobqueue]"': _INSTALL,
+    'pip install -e ".[notebooks]"': _INSTALL,
+    'pip install "daskvec[bench]"': _INSTALL,
+    'pip install -e ".[bench]"': _INSTALL,
+    'pip install -e ".[docs,release]"': _INSTALL,
+    'pip install "daskvec[zoo]"': _INSTALL,
+    "python -m pytest": _CLONE,
+    'python -m pytest -m "not processes"': _CLONE,
+    'python -m pytest -m "not slow"': _CLONE,
+    "python -m pytest tests/core/test_errors.py -k timeout -x": _CLONE,
+    "python -m pytest -n 0 tests/faults/test_faults.py --pdb": _CLONE,
+    "ruff check daskvec benchmarks tests": _CLONE,
+    "python -m mypy": _CLONE,
+    "sphinx-build -W -b html docs docs/_build/html": _CLONE + "; tests/package/test_docs_build.py builds the docs",
+    "python -m build": _CLONE,
+    "twine check --strict dist/*": _CLONE,
+    "daskvec train CartPole-v1 --n-envs 8 --timesteps 25000": "the command above it without --save, which runs",
+    "dask scheduler --preload daskvec.dashboard": (
+        "a server that runs until stopped: tests/monitoring/test_dashboard_browser.py starts it with this preload"
+    ),
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker tcp://head:8786 --nthreads 1": _HEAD,
+    "daskvec train CartPole-v1 --n-envs 64 --scheduler tcp://head:8786": _HEAD,
+    "daskvec zoo --scheduler tcp://head:8786 --envs-per-actor 4 --algo sac --env Pendulum-v1": _HEAD,
+    "daskvec bench --scheduler tcp://10.0.0.1:8786 --transport direct": _HEAD,
+    "daskvec bench": "every scenario: minutes; its scenarios light and heavy run in the cheap forms above",
+    "daskvec bench --scenario gym-faces straggler groups": _SOURCE,
+    "daskvec bench --scenario learning learning-offpolicy": _SOURCE,
+    "daskvec bench --scenario ceiling": _SOURCE,
+    "daskvec bench --scenario none --dashboard": _SOURCE + "; needs Debian's chromium",
+    "daskvec bench --tls --seconds 8": _SOURCE,
+    "daskvec bench --tls": _SOURCE,
+    "daskvec bench --scenario learning learning-offpolicy ceiling": _SOURCE,
+    "python -m benchmarks.masks --n-envs 8": _SOURCE,
+    "sudo .venv/bin/daskvec bench --scenario hosts --rtt 0,2,10": _SOURCE + "; needs root",
+    'python -c "from daskvec.cli import main; import sys; sys.exit(main())" '
+    "bench --scenario hosts --rtt 0,2,10 --seconds 3 --repeat 2": _SOURCE + "; needs root",
+    "export DASK_DASKVEC__STEP_TIMEOUT=60": "sets a variable (tests/core/test_config.py reads such variables)",
+    "export DASK_DASKVEC__ON_ENV_ERROR=restart": "sets a variable (tests/core/test_config.py reads such variables)",
+    "dask scheduler --protocol tls --tls-ca-file ca.pem --tls-cert scheduler.pem --tls-key scheduler.key": _TLS,
+    "dask worker tls://scheduler-host:8786 --tls-ca-file ca.pem --tls-cert worker.pem --tls-key worker.key": _TLS,
+    "dask scheduler --protocol tls --tls-ca-file ca.pem --tls-cert scheduler.pem --tls-key scheduler-key.pem": _TLS,
+    "dask worker tls://scheduler-host:8786 --tls-ca-file ca.pem --tls-cert worker.pem --tls-key worker-key.pem": _TLS,
+    "sinfo": _SLURM,
+    "squeue": _SLURM,
+    "scancel 12": _SLURM,
+    "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge": _SLURM + "; needs root",
+    ".ci/slurm.sh start": _SLURM,
+    ".ci/slurm.sh status": _SLURM,
+    "srun hostname": _SLURM,
+    ".ci/slurm.sh stop": _SLURM,
+    "jupyter server extension list": _JUPYTER,
+    "jupyter lab --no-browser --ip 127.0.0.1 --port 8888": _JUPYTER,
+    "jupyter server list": _JUPYTER,
+}
+
+_COMMAND_START = re.compile(r"(daskvec|dask|python3?|pip|sudo)\s")
+
+
+def shown_commands() -> dict[str, list[str]]:
+    """Every shell command the pages show, each with the pages that show it.
+
+    A line continued with ``\\`` is joined, a comment after ``#`` dropped, runs of spaces
+    made one, and ``a && b`` counts as two commands.
+    """
+    found: dict[str, list[str]] = {}
+    pages = sorted({p for pattern in PAGES for p in ROOT.glob(pattern)})
+    for page in pages:
+        text = page.read_text()
+        for block in re.finditer(r"^```([^\n]*)\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            lang, body = block.group(1).strip(), re.sub(r"\\\n\s*", " ", block.group(2))
+            if lang not in ("bash", "sh", "shell", "console") and not (lang == "" and _COMMAND_START.match(body)):
+                continue
+            for line in body.splitlines():
+                line = re.sub(r"(^|\s)#.*$", "", line).strip().removeprefix("$ ")
+                for part in filter(None, (p.strip() for p in line.split("&&"))):
+                    found.setdefault(" ".join(part.split()), []).append(str(page.relative_to(ROOT)))
+    return found
+
+
+def test_every_shown_command_is_run_or_skipped_with_a_reason() -> None:
+    """A command new on a page (or changed) must be added to ``RUN`` (a cheap form) or to ``NOT_RUN`` (why not)."""
+    shown = shown_commands()
+    assert "daskvec bench --scenario light heavy" in shown, "the extraction found none of the bench commands"
+    unknown = {c: pages for c, pages in shown.items() if c not in RUN and c not in NOT_RUN}
+    assert not unknown, f"commands the pages show that this test neither runs nor skips with a reason: {unknown}"
+    assert not set(RUN) & set(NOT_RUN)
+    stale = sorted(c for c in [*RUN, *NOT_RUN] if c not in shown)
+    assert not stale, f"commands no page shows any more: {stale}"
+
+
+def cheap_form(command: str) -> list[str]:
+    """The argv of ``command`` in its cheap form (see ``RUN``)."""
+    values, extra = RUN[command]
+    argv = shlex.split(command)
+    for i, token in enumerate(argv[:-1]):
+        if token in values:
+            argv[i + 1] = values[token]
+    assert not set(values) - set(argv), f"{command}: options to replace that it does not have"
+    if "..." not in argv:
+        return argv + extra
+    at = argv.index("...")
+    return argv[:at] + extra + argv[at + 1 :]
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_the_commands_the_pages_show_run_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    """Each command of ``RUN``, in its cheap form, from a fresh venv with the wheel installed: exit 0, no traceback."""
+    venv, _ = _venv_with_the_wheel(wheel, tmp_path)
+    path = f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    failed = []
+    for n, command in enumerate(RUN):
+        argv = cheap_form(command)
+        if "bench" in argv or "daskvec.bench" in argv:
+            argv += ["--out", str(tmp_path / f"bench-{n}")]
+        cwd = tmp_path / f"run-{n}"
+        cwd.mkdir()
+        out = subprocess.run(
+            argv, cwd=cwd, env=_clean_env(PATH=path), capture_output=True, text=True, timeout=240, check=False
+        )
+        text = out.stdout + out.stderr
+        if out.returncode != 0 or "Traceback" in text:
+            failed.append(f"$ {shlex.join(argv)}\n(exit {out.returncode})\n{text[-3000:]}")
+    assert not failed, "\n\n".join(failed)
+    train = next(n for n, command in enumerate(RUN) if "--save ppo-cartpole" in command)
+    assert (tmp_path / f"run-{train}" / "ppo-cartpole.zip").is_file(), "daskvec train --save saved no model"
