@@ -45,6 +45,21 @@ __all__ = ["run_rollout"]
 _POLICIES: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
 
 
+class _Untrained:
+    """Stands in for the optimizer of a worker's copy of the policy, which is never trained.
+
+    SB3's policies build their optimizer in their constructor. Building a torch optimizer
+    imports ``torch._dynamo`` and with it ``sympy`` (about 800 modules): seconds on the
+    first rollout of every worker process, a replacement worker's included, for an object a
+    worker never uses. It keeps the arguments it was given, for a reader.
+    """
+
+    def __init__(self, params: Any, lr: float = 0.0, **kwargs: Any) -> None:
+        self.lr = lr
+        self.kwargs = kwargs
+        self.param_groups: list[dict[str, Any]] = []
+
+
 def _policy(group: EnvGroup, request: RolloutRequest) -> Any:
     """The group's copy of the policy at ``request.version``, with ``request.state`` loaded."""
     import torch as th
@@ -53,6 +68,8 @@ def _policy(group: EnvGroup, request: RolloutRequest) -> Any:
     if cached is None or cached[0] != request.version:
         th.set_num_threads(1)
         cls, kwargs = cloudpickle.loads(request.policy)
+        if "optimizer_class" in kwargs:  # an on-policy ActorCriticPolicy; off-policy actors have none
+            kwargs = {**kwargs, "optimizer_class": _Untrained}
         policy = cls(**kwargs).to("cpu")
         policy.set_training_mode(False)
         _POLICIES[group] = cached = (request.version, policy)
