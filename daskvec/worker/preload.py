@@ -16,6 +16,10 @@ cluster runs in the user's terminal, for the user's process alone, so its worker
   it concerns and the remote traceback. When the client then closes the cluster while
   another group is still being built, Dask warns that the group's task was cancelled;
   that is dropped too. Other tasks are still logged.
+- say nothing of a heartbeat cut short by their own close. When the user's process ends
+  (Ctrl-C, a crash), its workers close; a heartbeat in flight then fails with
+  "ConnectionPool closing", which Dask logs as an error with three chained tracebacks
+  in the user's terminal. A heartbeat that fails while the worker runs is still logged.
 
 A cluster of the user's own is left as it is: this module is only preloaded by the
 embedded cluster.
@@ -26,11 +30,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import weakref
 from typing import Any
 
 from daskvec.protocol.messages import GROUP_KEY_PREFIX
 
-__all__ = ["GroupBuildFailures", "dask_setup"]
+__all__ = ["ClosingHeartbeat", "GroupBuildFailures", "dask_setup"]
 
 
 class GroupBuildFailures(logging.Filter):
@@ -53,6 +58,29 @@ class GroupBuildFailures(logging.Filter):
         return True
 
 
+class ClosingHeartbeat(logging.Filter):
+    """Drops Dask's "Failed to communicate with scheduler during heartbeat" once its worker is closing.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker of this process (held weakly: the filter outlives it on the logger).
+    """
+
+    def __init__(self, worker: Any) -> None:
+        super().__init__()
+        self._worker = weakref.ref(worker)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` for a failed heartbeat of a worker that is closing or closed, ``True`` otherwise."""
+        if not str(record.msg).startswith("Failed to communicate with scheduler during heartbeat"):
+            return True
+        from distributed.core import Status
+
+        worker = self._worker()
+        return worker is not None and worker.status in (Status.running, Status.paused)
+
+
 #: The loggers whose records of env-group builds :class:`GroupBuildFailures` drops.
 _LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
 
@@ -65,3 +93,7 @@ def dask_setup(worker: Any) -> None:
         log = logging.getLogger(name)
         if not any(isinstance(f, GroupBuildFailures) for f in log.filters):
             log.addFilter(GroupBuildFailures())
+    heartbeats = logging.getLogger("distributed.worker")
+    for old in [f for f in heartbeats.filters if isinstance(f, ClosingHeartbeat)]:
+        heartbeats.removeFilter(old)  # a worker this process ran before (the filter holds one worker)
+    heartbeats.addFilter(ClosingHeartbeat(worker))

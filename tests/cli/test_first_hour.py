@@ -394,7 +394,7 @@ def test_an_env_id_typo_in_a_factory_is_one_short_error_saying_what_to_do(tmp_pa
     assert "fix the factory" in run.lines[-1], run.output
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(2 * 240 + 60)  # two runs of the script, each bounded by its own 240 s
 def test_a_raising_factory_is_one_short_error_whose_traceback_is_on_the_exception(tmp_path: Path) -> None:
     """Before: 45 lines of daskvec's, Dask's and the worker's frames. The user's frame stays one print away."""
     source = """\
