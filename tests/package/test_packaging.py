@@ -329,6 +329,8 @@ NOT_RUN: dict[str, str] = {
     "daskvec bench --tls": _SOURCE,
     "daskvec bench --scenario learning learning-offpolicy ceiling": _SOURCE,
     "python -m benchmarks.masks --n-envs 8": _SOURCE,
+    "python -m benchmarks.soak --minutes 30 --seed 0 --json benchmarks/results/soak-30min.json": _SOURCE
+    + "; a minute of it runs in tests/faults/test_soak.py",
     "sudo .venv/bin/daskvec bench --scenario hosts --rtt 0,2,10": _SOURCE + "; needs root",
     'python -c "from daskvec.cli import main; import sys; sys.exit(main())" '
     "bench --scenario hosts --rtt 0,2,10 --seconds 3 --repeat 2": _SOURCE + "; needs root",
