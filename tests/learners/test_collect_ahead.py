@@ -99,6 +99,8 @@ class Weights(BaseCallback):
                 "state": copy.deepcopy(policy.state_dict()),
                 "buffer_log_probs": np.copy(buf.log_probs).reshape(-1),
                 "buffer_values": np.copy(buf.values).reshape(-1),
+                "advantages": np.copy(buf.advantages).reshape(-1),
+                "returns": np.copy(buf.returns).reshape(-1),
                 "actions": np.copy(buf.actions),
                 "observations": np.copy(buf.observations),
                 "values_now": values.numpy().reshape(-1),
@@ -174,6 +176,33 @@ def test_a_rollout_ahead_is_one_version_behind_with_current_values(cls: Any, cli
         )
         np.testing.assert_allclose(rollout["buffer_values"], rollout["values_now"], rtol=1e-4, atol=1e-5)
     assert model._daskvec_lags == (0, 1)
+
+
+def test_a_proximal_ratio_is_taken_against_the_learner_with_truncated_weights(client2: Any) -> None:
+    """``ahead_ratio="proximal"``: a rollout collected ahead holds the learner's log-probabilities
+    (the ratio's denominator), and each advantage is the GAE advantage weighted by
+    ``min(1, pi_learner / pi_behaviour)``; the value targets are unweighted. The first rollout,
+    without lag, is PPO's own."""
+    with DaskVecEnv(witness_fns(), client2) as env:
+        cb = Weights()
+        model = ppo(env, collect_ahead=1, ahead_ratio="proximal")
+        model.learn(16 * N_ENVS * 4, callback=cb)
+    first, *later = cb.rollouts
+    np.testing.assert_allclose(first["advantages"], first["returns"] - first["buffer_values"], rtol=1e-5, atol=1e-6)
+    weighed = 0
+    for k, rollout in enumerate(later, 1):
+        behaviour = log_probs_under(model, cb.rollouts[k - 1]["state"], rollout)
+        np.testing.assert_allclose(rollout["buffer_log_probs"], rollout["log_probs_now"], rtol=1e-4, atol=1e-5)
+        weights = np.minimum(1.0, np.exp(rollout["log_probs_now"] - behaviour))
+        gae = rollout["returns"] - rollout["buffer_values"]
+        np.testing.assert_allclose(rollout["advantages"], gae * weights, rtol=1e-4, atol=1e-5, err_msg=f"rollout {k}")
+        weighed += int(np.sum(weights < 0.999))
+    assert weighed, "no transition was weighed: the learner never moved away from the behaviour policy"
+
+
+def test_ahead_ratio_other_than_behaviour_or_proximal_is_refused() -> None:
+    with pytest.raises(ValueError, match="'behaviour' or 'proximal'"):
+        DaskPPO("MlpPolicy", "CartPole-v1", ahead_ratio="learner", device="cpu")
 
 
 def test_a_seeded_run_ahead_repeats_itself(client2: Any) -> None:
