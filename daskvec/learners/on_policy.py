@@ -383,58 +383,25 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
             self._last_episode_starts = dones
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
-        behaviour = None
         if lag:
             # advantages from the value function being trained, as the last step's bootstrap
-            # is (docs/rollouts.md, "Collecting ahead")
-            behaviour = self._revalue(rollout_buffer, proximal=self._proximal())
+            # is (docs/rollouts.md, "Collecting ahead"); the ratio stays against the behaviour
+            # policy's own log-probabilities, which the workers recorded
+            self._revalue(rollout_buffer)
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
-        if behaviour is not None:
-            self._weigh_advantages(rollout_buffer, behaviour)
         callback.update_locals(locals())
         callback.on_rollout_end()
         self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         return True
 
-    def _proximal(self) -> bool:
-        """Whether a lagged rollout's ratio is taken against the learner's policy (PPO's ``ahead_ratio``)."""
-        return getattr(self, "ahead_ratio", "behaviour") == "proximal"
-
-    def _revalue(self, buffer: RolloutBuffer, proximal: bool = False) -> np.ndarray | None:
-        """Replace the buffer's values with the learner's current value function's.
-
-        With ``proximal``, replace its log-probabilities too, with the learner's policy's
-        (the proximal policy the ratio is then clipped around), and return the behaviour
-        policy's, which the buffer held.
-        """
+    def _revalue(self, buffer: RolloutBuffer) -> None:
+        """Replace the buffer's values with the learner's current value function's."""
         obs: Any = buffer.observations
-        behaviour = np.copy(buffer.log_probs) if proximal else None
         with th.no_grad():
             for t in range(buffer.buffer_size):
-                at_t = obs_as_tensor(
-                    {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t], self.device
-                )
-                if not proximal:
-                    values = self.policy.predict_values(at_t)
-                else:
-                    actions = th.as_tensor(buffer.actions[t], device=self.device)
-                    if isinstance(self.action_space, spaces.Discrete):
-                        actions = actions.long().flatten()  # as PPO's train() passes them
-                    values, log_probs, _ = self.policy.evaluate_actions(at_t, actions)
-                    buffer.log_probs[t] = log_probs.cpu().numpy().reshape(buffer.n_envs)
+                at_t = {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
+                values = self.policy.predict_values(obs_as_tensor(at_t, self.device))
                 buffer.values[t] = values.cpu().numpy().reshape(buffer.n_envs)
-        return behaviour
-
-    def _weigh_advantages(self, buffer: RolloutBuffer, behaviour: np.ndarray) -> None:
-        """Weigh each advantage by the truncated importance weight ``min(1, pi_learner / pi_behaviour)``.
-
-        With the ratio clipped around the learner's policy, this keeps the first gradient
-        step the on-policy gradient of the learner's policy (as V-trace's policy gradient,
-        truncated at 1 so that no transition counts more than once); the value targets
-        (``returns``) are left unweighted.
-        """
-        weights = np.minimum(np.exp(buffer.log_probs - behaviour), 1.0)
-        buffer.advantages *= weights.astype(buffer.advantages.dtype)
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The actions the envs were given (as SB3's loop computes them; for ``locals``)."""
@@ -504,12 +471,6 @@ class DaskPPO(_WorkerRollouts, PPO):
         recorded, and the advantages are computed with the learner's current value
         function. ``0``: each rollout is collected after training on the one before,
         as PPO does (docs/rollouts.md, "Collecting ahead").
-    ahead_ratio : {"behaviour", "proximal"}, default "behaviour"
-        For a rollout collected ahead: ``"behaviour"`` takes the ratio against the
-        log-probabilities the workers recorded; ``"proximal"`` takes it against the
-        learner's policy before this update (the proximal policy of decoupled PPO, so
-        that the clip range measures the update, not the lag) and weighs each advantage
-        by ``min(1, pi_learner / pi_behaviour)``. Without lag both are PPO's ratio.
 
     Examples
     --------
@@ -519,14 +480,6 @@ class DaskPPO(_WorkerRollouts, PPO):
     >>> env = make_vec_env("CartPole-v1", n_envs=64, vec_env_cls=DaskVecEnv)  # doctest: +SKIP
     >>> DaskPPO("MlpPolicy", env, device="cpu").learn(100_000)  # doctest: +SKIP
     """
-
-    ahead_ratio: str = "behaviour"
-
-    def __init__(self, *args: Any, ahead_ratio: str = "behaviour", **kwargs: Any) -> None:
-        if ahead_ratio not in ("behaviour", "proximal"):
-            raise ValueError(f"ahead_ratio={ahead_ratio!r}: choose 'behaviour' or 'proximal'")
-        self.ahead_ratio = ahead_ratio
-        super().__init__(*args, **kwargs)
 
 
 class DaskA2C(_WorkerRollouts, A2C):

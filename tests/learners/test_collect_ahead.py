@@ -99,8 +99,6 @@ class Weights(BaseCallback):
                 "state": copy.deepcopy(policy.state_dict()),
                 "buffer_log_probs": np.copy(buf.log_probs).reshape(-1),
                 "buffer_values": np.copy(buf.values).reshape(-1),
-                "advantages": np.copy(buf.advantages).reshape(-1),
-                "returns": np.copy(buf.returns).reshape(-1),
                 "actions": np.copy(buf.actions),
                 "observations": np.copy(buf.observations),
                 "values_now": values.numpy().reshape(-1),
@@ -178,31 +176,36 @@ def test_a_rollout_ahead_is_one_version_behind_with_current_values(cls: Any, cli
     assert model._daskvec_lags == (0, 1)
 
 
-def test_a_proximal_ratio_is_taken_against_the_learner_with_truncated_weights(client2: Any) -> None:
-    """``ahead_ratio="proximal"``: a rollout collected ahead holds the learner's log-probabilities
-    (the ratio's denominator), and each advantage is the GAE advantage weighted by
-    ``min(1, pi_learner / pi_behaviour)``; the value targets are unweighted. The first rollout,
-    without lag, is PPO's own."""
+class Boundaries(BaseCallback):
+    """At each rollout's end: the buffer's first observations and episode starts, and where it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollouts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf: Any = self.model.rollout_buffer
+        ended = (np.array(self.model._last_obs, copy=True), np.array(self.model._last_episode_starts, dtype=np.float32))
+        self.rollouts.append((np.copy(buf.observations[0]), np.copy(buf.episode_starts[0]), *ended))
+
+
+def test_a_rollout_ahead_starts_where_the_one_before_ended(client2: Any) -> None:
+    """The rollout sent ahead starts from the observations the rollout before ended on (its last
+    step's bootstrap is taken on them) and with its last dones as episode starts; with a horizon
+    of 7 and rollouts of 16 steps, episodes cross every boundary."""
     with DaskVecEnv(witness_fns(), client2) as env:
-        cb = Weights()
-        model = ppo(env, collect_ahead=1, ahead_ratio="proximal")
-        model.learn(16 * N_ENVS * 4, callback=cb)
-    first, *later = cb.rollouts
-    np.testing.assert_allclose(first["advantages"], first["returns"] - first["buffer_values"], rtol=1e-5, atol=1e-6)
-    weighed = 0
-    for k, rollout in enumerate(later, 1):
-        behaviour = log_probs_under(model, cb.rollouts[k - 1]["state"], rollout)
-        np.testing.assert_allclose(rollout["buffer_log_probs"], rollout["log_probs_now"], rtol=1e-4, atol=1e-5)
-        weights = np.minimum(1.0, np.exp(rollout["log_probs_now"] - behaviour))
-        gae = rollout["returns"] - rollout["buffer_values"]
-        np.testing.assert_allclose(rollout["advantages"], gae * weights, rtol=1e-4, atol=1e-5, err_msg=f"rollout {k}")
-        weighed += int(np.sum(weights < 0.999))
-    assert weighed, "no transition was weighed: the learner never moved away from the behaviour policy"
-
-
-def test_ahead_ratio_other_than_behaviour_or_proximal_is_refused() -> None:
-    with pytest.raises(ValueError, match="'behaviour' or 'proximal'"):
-        DaskPPO("MlpPolicy", "CartPole-v1", ahead_ratio="learner", device="cpu")
+        cb = Boundaries()
+        ppo(env, collect_ahead=1).learn(16 * N_ENVS * 5, callback=cb)
+    assert len(cb.rollouts) == 5
+    for k in range(1, 5):
+        first_obs, first_starts = cb.rollouts[k][:2]
+        ended_obs, ended_starts = cb.rollouts[k - 1][2:]
+        np.testing.assert_array_equal(first_obs, ended_obs, err_msg=f"rollout {k}")
+        np.testing.assert_array_equal(first_starts, ended_starts, err_msg=f"rollout {k}")
+        assert [triple(o)[0] for o in first_obs] == list(range(N_ENVS)), f"rollout {k}: envs out of order"
 
 
 def test_a_seeded_run_ahead_repeats_itself(client2: Any) -> None:
