@@ -10,9 +10,10 @@ not move the figures. Cases (alternated within a seed, the order rotated with th
 - ``ppo-dummy``: SB3's ``PPO`` on ``DummyVecEnv``, the reference;
 - ``daskppo``: ``DaskPPO``, ``collect_ahead=0``;
 - ``daskppo-ahead``: ``DaskPPO``, ``collect_ahead=1``;
-- ``daskppo-ahead-proximal``: ``collect_ahead=1, ahead_ratio="proximal"`` (the ratio
-  clipped around the learner's policy, the advantages weighted by the truncated
-  importance weight);
+- ``daskppo-ahead-proximal`` (at commit 657e98f only, where ``DaskPPO`` took
+  ``ahead_ratio="proximal"``: the ratio clipped around the learner's policy, decoupled
+  PPO's, the advantages weighted by ``min(1, pi_learner / pi_behaviour)``; it learned
+  more slowly than ``daskppo-ahead`` and was not kept, docs/rollouts.md);
 - ``ppo-lagged``: a control written here without daskvec, SB3's ``PPO`` on
   ``DummyVecEnv`` whose rollout k is collected by a copy of the weights taken before the
   training on rollout k-1 (one version behind, as ``collect_ahead=1``), its values
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
+from benchmarks.ahead_parity import bootstrap_difference
 from benchmarks.learning import ZOO_CARTPOLE
 from benchmarks.time_to_reward import evaluate
 from daskvec.bench.machine import machine_info
@@ -49,7 +51,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CASES", "run_sample_efficiency", "steps_to"]
 
-CASES = ("ppo-dummy", "daskppo", "daskppo-ahead", "daskppo-ahead-proximal", "ppo-lagged")
+CASES = ("ppo-dummy", "daskppo", "daskppo-ahead", "ppo-lagged")
+#: the cases a result file may hold (the last one measured at 657e98f)
+KNOWN = (*CASES, "daskppo-ahead-proximal")
 ENV_ID = "CartPole-v1"
 N_ENVS = 8
 
@@ -134,7 +138,9 @@ class _Probe:
                 self.rows[-1][key] = float(values[f"train/{key}"])
 
 
-def _run(case: str, seed: int, steps: int, eval_every: int, episodes: int, client: Any) -> dict[str, Any]:
+def _run(
+    case: str, seed: int, steps: int, eval_every: int, episodes: int, client: Any, changes: dict[str, Any]
+) -> dict[str, Any]:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -151,12 +157,10 @@ def _run(case: str, seed: int, steps: int, eval_every: int, episodes: int, clien
         vec_env_cls=DaskVecEnv if dask else DummyVecEnv,  # type: ignore[arg-type]
         vec_env_kwargs={"client": client} if dask else None,
     )
-    hyper: dict[str, Any] = dict(ZOO_CARTPOLE)
+    hyper: dict[str, Any] = {**ZOO_CARTPOLE, **changes}
     cls: Any = {"ppo-dummy": PPO, "ppo-lagged": _lagged_ppo()}.get(case, DaskPPO)
     if dask:
         hyper["collect_ahead"] = int("-ahead" in case)
-    if case.endswith("-proximal"):
-        hyper["ahead_ratio"] = "proximal"
     curve: list[dict[str, float]] = []
     probe = _Probe(float(hyper["clip_range"]))
 
@@ -191,6 +195,21 @@ def steps_to(curve: list[dict[str, float]], threshold: float) -> int | None:
     return next((int(c["steps"]) for c in curve if c["return"] >= threshold), None)
 
 
+#: the evaluations up to these steps make the early return (the first three at 2,048 a time)
+EARLY = 6144
+
+
+def eval_every(rows: list[dict[str, Any]]) -> int:
+    """The steps between a run's evaluations."""
+    return int(rows[0]["curve"][0]["steps"])
+
+
+def _median_steps(reach: list[int | None]) -> float | None:
+    """The median steps to the threshold, a run that never reached it later than any; ``None`` if that median is."""
+    median = float(np.median([np.inf if s is None else s for s in reach]))
+    return None if np.isinf(median) else median
+
+
 def summarize(runs: list[dict[str, Any]], cases: list[str], threshold: float = 475.0) -> dict[str, Any]:
     """Per case: mean and median return at each evaluation, and steps to ``threshold`` per seed."""
     out: dict[str, Any] = {}
@@ -203,14 +222,17 @@ def summarize(runs: list[dict[str, Any]], cases: list[str], threshold: float = 4
         def _mean(key: str, ups: list[dict[str, Any]] = ups) -> float:
             return float(np.mean([u[key] for u in ups if key in u]))
 
+        area = grid.mean(axis=1)  # each seed's mean over its evaluations: the area under its curve
         out[case] = {
+            "seeds": [r["seed"] for r in rows],
             "steps": [c["steps"] for c in rows[0]["curve"]],
+            "per_seed_mean_return": area.round(1).tolist(),
             "mean": grid.mean(axis=0).round(1).tolist(),
             "median": np.median(grid, axis=0).round(1).tolist(),
             "steps_to_threshold": reach,
-            "median_steps_to_threshold": (
-                None if any(s is None for s in reach) else float(np.median([s for s in reach if s is not None]))
-            ),
+            # a run that never reached it counts as later than any that did
+            "median_steps_to_threshold": _median_steps(reach),
+            "per_seed_early_return": grid[:, : EARLY // eval_every(rows)].mean(axis=1).round(1).tolist(),
             "update_means": {
                 k: round(_mean(k), 4)
                 for k in ("approx_kl", "clip_fraction", "explained_variance", "ratio_abs_dev", "ratio_outside_clip")
@@ -219,7 +241,45 @@ def summarize(runs: list[dict[str, Any]], cases: list[str], threshold: float = 4
             "logp_vs_previous_max": max(u["logp_vs_previous_max"] for r in rows for u in r["updates"]),
             "all_start_where_ended": all(u.get("starts_where_ended", True) for r in rows for u in r["updates"]),
         }
+    reference = out.get("daskppo")
+    for case, row in out.items():
+        if reference is not None and case != "daskppo":
+            low, high = bootstrap_difference(reference["per_seed_mean_return"], row["per_seed_mean_return"])
+            row["mean_return_minus_daskppo_95"] = [round(low, 1), round(high, 1)]
+            low, high = bootstrap_difference(reference["per_seed_early_return"], row["per_seed_early_return"])
+            row["early_return_minus_daskppo_95"] = [round(low, 1), round(high, 1)]
     return out
+
+
+def format_report(summary: dict[str, Any], at: tuple[int, ...] = (4096, 8192, 12288, 16384, 20480)) -> str:
+    """Markdown tables: mean (median) return at fixed steps, steps to 475, and the update statistics."""
+    head = " | ".join(f"{n:,}" for n in at)
+    lines = [f"| case | seeds | {head} | mean over evals (95% CI of diff.) | up to {EARLY:,} (95% CI of diff.) |"]
+    lines.append("|" + "---|" * (len(at) + 4))
+    for case, row in summary.items():
+        cells = []
+        for n in at:
+            k = row["steps"].index(n) if n in row["steps"] else None
+            cells.append("-" if k is None else f"{row['mean'][k]:.0f} ({row['median'][k]:.0f})")
+        figures = []
+        for key in ("mean", "early"):
+            ci = row.get(f"{key}_return_minus_daskppo_95")
+            figures.append(f"{np.mean(row[f'per_seed_{key}_return']):.0f}" + (f" ({ci[0]}, {ci[1]})" if ci else ""))
+        lines.append(f"| {case} | {len(row['seeds'])} | " + " | ".join(cells + figures) + " |")
+    lines += [
+        "",
+        "| case | steps to 475, per seed | median | approx_kl | clip_fraction | ratio outside clip at start |",
+    ]
+    lines.append("|---|---|---|---|---|---|")
+    for case, row in summary.items():
+        reach = ", ".join("never" if s is None else f"{s:,}" for s in row["steps_to_threshold"])
+        med = row["median_steps_to_threshold"]
+        u = row["update_means"]
+        lines.append(
+            f"| {case} | {reach} | {'never' if med is None else f'{med:,.0f}'} | {u['approx_kl']:.4f} | "
+            f"{u['clip_fraction']:.3f} | {u['ratio_outside_clip']:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def run_sample_efficiency(
@@ -229,8 +289,13 @@ def run_sample_efficiency(
     eval_every: int = 2048,
     episodes: int = 10,
     out_path: Path | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train every case on every seed on one embedded cluster; curves, steps to 475 and update statistics."""
+    """Train every case on every seed on one embedded cluster; curves, steps to 475 and update statistics.
+
+    ``changes`` replaces some of RL Zoo's hyperparameters (all cases alike).
+    """
+    changes = dict(changes or {})
     import dask
     from dask.distributed import Client, LocalCluster
 
@@ -241,7 +306,7 @@ def run_sample_efficiency(
         with Client(cluster) as client:
             for k, seed in enumerate(seeds):
                 for case in cases[k % len(cases) :] + cases[: k % len(cases)]:
-                    runs.append(_run(case, seed, steps, eval_every, episodes, client))
+                    runs.append(_run(case, seed, steps, eval_every, episodes, client, changes))
                     if out_path is not None:  # every run kept as it ends: a stopped run leaves its seeds
                         out_path.parent.mkdir(parents=True, exist_ok=True)
                         out_path.write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
@@ -251,7 +316,7 @@ def run_sample_efficiency(
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "settings": {"env": ENV_ID, "n_envs": N_ENVS, "steps": steps, "eval_every": eval_every, "episodes": episodes},
-        "hyperparameters": ZOO_CARTPOLE,
+        "hyperparameters": {**ZOO_CARTPOLE, **changes},
         "seeds": seeds,
         "summary": summarize(runs, cases),
         "runs": runs,
@@ -270,14 +335,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--out", default="bench-results/ahead-sample-efficiency.json")
+    parser.add_argument("--set", nargs="*", default=[], help="hyperparameter changes, e.g. n_epochs=5")
+    parser.add_argument("--report", nargs="*", help="summarise these result files' runs together (no training)")
     args = parser.parse_args(argv)
+    if args.report:
+        runs = [r for path in args.report for r in json.loads(Path(path).read_text())["runs"]]
+        cases = [c for c in KNOWN if any(r["case"] == c for r in runs)]
+        print(format_report(summarize(runs, cases)))
+        return 0
     th.set_num_threads(1)  # as the workers' policy; on 2 shared cores more threads only contend
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("distributed").setLevel(logging.ERROR)
     cases = args.cases.split(",")
-    res = run_sample_efficiency(
-        cases, [int(s) for s in args.seeds.split(",")], args.steps, args.eval_every, args.episodes, Path(args.out)
-    )
+    changes = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    res = run_sample_efficiency(cases, seeds, args.steps, args.eval_every, args.episodes, Path(args.out), changes)
     for case, s in res["summary"].items():
         logger.info("%s: mean %s; steps to 475 %s; %s", case, s["mean"], s["steps_to_threshold"], s["update_means"])
     return 0
