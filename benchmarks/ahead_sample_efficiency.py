@@ -17,8 +17,11 @@ not move the figures. Cases (alternated within a seed, the order rotated with th
 - ``ppo-lagged``: a control written here without daskvec, SB3's ``PPO`` on
   ``DummyVecEnv`` whose rollout k is collected by a copy of the weights taken before the
   training on rollout k-1 (one version behind, as ``collect_ahead=1``), its values
-  recomputed with the learner's value function before GAE. If ``daskppo-ahead`` learns
-  like this control, its slower start is the lag's, not a defect of daskvec's.
+  recomputed with the learner's value function before GAE (its truncations bootstrapped
+  with the behaviour copy's values). If ``daskppo-ahead`` learns like this control, its
+  slower start is the lag's, not a defect of daskvec's. (In a53e26e its evaluations,
+  made during a collection, evaluated the behaviour copy, one update old; the control
+  was measured again with the learner evaluated.)
 
 Per update, each run records SB3's ``train/approx_kl``, ``train/clip_fraction`` and
 ``train/explained_variance``, and, before training on a rollout, the ratio of the
@@ -83,6 +86,10 @@ def _lagged_ppo() -> type:
             # the next rollout is collected with the weights as they are before this training
             self._behaviour.load_state_dict(self.policy.state_dict())
             return ok
+
+        def predict(self, *args: Any, **kwargs: Any) -> Any:
+            # an evaluation during the collection evaluates the learner, not the behaviour copy
+            return getattr(self, "learner", self.policy).predict(*args, **kwargs)
 
     return LaggedPPO
 
