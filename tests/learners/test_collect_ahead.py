@@ -176,6 +176,38 @@ def test_a_rollout_ahead_is_one_version_behind_with_current_values(cls: Any, cli
     assert model._daskvec_lags == (0, 1)
 
 
+class Boundaries(BaseCallback):
+    """At each rollout's end: the buffer's first observations and episode starts, and where it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollouts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf: Any = self.model.rollout_buffer
+        ended = (np.array(self.model._last_obs, copy=True), np.array(self.model._last_episode_starts, dtype=np.float32))
+        self.rollouts.append((np.copy(buf.observations[0]), np.copy(buf.episode_starts[0]), *ended))
+
+
+def test_a_rollout_ahead_starts_where_the_one_before_ended(client2: Any) -> None:
+    """The rollout sent ahead starts from the observations the rollout before ended on (its last
+    step's bootstrap is taken on them) and with its last dones as episode starts; with a horizon
+    of 7 and rollouts of 16 steps, episodes cross every boundary."""
+    with DaskVecEnv(witness_fns(), client2) as env:
+        cb = Boundaries()
+        ppo(env, collect_ahead=1).learn(16 * N_ENVS * 5, callback=cb)
+    assert len(cb.rollouts) == 5
+    for k in range(1, 5):
+        first_obs, first_starts = cb.rollouts[k][:2]
+        ended_obs, ended_starts = cb.rollouts[k - 1][2:]
+        np.testing.assert_array_equal(first_obs, ended_obs, err_msg=f"rollout {k}")
+        np.testing.assert_array_equal(first_starts, ended_starts, err_msg=f"rollout {k}")
+        assert [triple(o)[0] for o in first_obs] == list(range(N_ENVS)), f"rollout {k}: envs out of order"
+
+
 def test_a_seeded_run_ahead_repeats_itself(client2: Any) -> None:
     runs = []
     for _ in range(2):
