@@ -19,17 +19,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import weakref
 from typing import Any
 
 from daskvec.errors import SchedulerLostError
+from daskvec.protocol.messages import GROUP_KEY_PREFIX
 
 __all__ = [
+    "ReleasedActorCalls",
     "heartbeat_interval",
     "is_actor_lost",
     "log_event",
     "log_event_nowait",
     "placement_errors",
+    "quiet_released_actor_calls",
     "register_scheduler_plugin",
     "run_on_scheduler",
     "scheduler_address",
@@ -249,3 +253,30 @@ def is_actor_lost(exc: BaseException) -> bool:
     Dask raises a plain ``RuntimeError`` for it; only its message tells it apart.
     """
     return isinstance(exc, RuntimeError) and "Worker holding Actor was lost" in str(exc)
+
+
+class ReleasedActorCalls(logging.Filter):
+    """Drops the event loop's record of a call that reached a daskvec group's actor after its release.
+
+    A call to an actor (``actor.busy_for()``) is a task on the client's event loop. When
+    the worker no longer holds the actor, its ``actor_execute`` raises ``KeyError(key)``,
+    which Dask's proxy does not catch (it catches ``OSError`` only): the task ends with
+    the error, its future never gets a result, and tornado logs "Exception in callback"
+    with a 25-line traceback. daskvec releases the groups of a frozen or partitioned
+    worker while calls to them are in flight (the watch of a collection asks every group
+    whether its envs hang); they reach the worker when it answers again, once per
+    group. No caller waits on those calls, and nothing is for the user to do.
+    Other records of the loop are kept.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` for a ``KeyError`` naming a daskvec group's actor, ``True`` for any other record."""
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, KeyError) and str(exc.args[0] if exc.args else "").startswith(GROUP_KEY_PREFIX))
+
+
+def quiet_released_actor_calls() -> None:
+    """Put :class:`ReleasedActorCalls` on tornado's ``tornado.application`` logger, once per process."""
+    log = logging.getLogger("tornado.application")
+    if not any(isinstance(f, ReleasedActorCalls) for f in log.filters):
+        log.addFilter(ReleasedActorCalls())

@@ -169,6 +169,7 @@ class Engine:
         )
         self.client = self.resolved.client
         _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
+        _dask.quiet_released_actor_calls()
         self.pool: GroupPool | None = None
         try:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport, options.timeout)
