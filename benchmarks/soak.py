@@ -408,6 +408,8 @@ class Injector(threading.Thread):
         """Worker address -> (its pid, the envs it holds), read while the main thread steps."""
         out: dict[str, tuple[int, list[int]]] = {}
         for g in list(self.env.groups):  # a copy: the main thread may replace groups meanwhile
+            if int(g["pid"]) in self.run_.killed:
+                continue
             pid, envs = out.get(g["worker"], (int(g["pid"]), []))
             out[g["worker"]] = (pid, sorted([*envs, *g["envs"]]))
         return out
@@ -433,6 +435,7 @@ class Injector(threading.Thread):
         )
         if fault.kind == "kill":
             before = set(run.live_workers())
+            run.killed.add(fault.pid)
             run.cluster.kill(fault.pid, fault.worker)
             fault.replacement = run.wait_for_replacement(before - {fault.worker})
         elif fault.kind == "freeze":
@@ -489,6 +492,9 @@ class Run:
         )
         self.t0 = time.monotonic()
         self.faulted: set[str] = set()
+        # processes this run killed: env.groups can still name one (its loss not yet noticed
+        # by the caller, inside a collection) when the next fault picks a worker
+        self.killed: set[int] = set()
         self.baselines: dict[str, Any] = {}
         self.calls: dict[str, list[float]] = {"step": [], "recv": [], "collect": []}
         self.longest: dict[str, dict[str, Any]] = {}
