@@ -135,3 +135,16 @@ def test_the_worker_side_imports_no_sb3_torch_or_bokeh() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"importing daskvec.worker imported {done.stdout.strip()}"
+
+
+def test_each_face_is_importable_from_its_package() -> None:
+    """As README's tree shows them: the SB3 face in daskvec/sb3/, the Gymnasium face in daskvec/gymnasium/."""
+    import daskvec
+    from daskvec.gymnasium import DaskVectorEnv, make_vec
+    from daskvec.sb3 import DaskVecEnv
+
+    assert (DaskVectorEnv, make_vec, DaskVecEnv) == (daskvec.DaskVectorEnv, daskvec.make_vec, daskvec.DaskVecEnv)
+    with pytest.raises(AttributeError, match="no attribute 'DaskNoSuchThing'"):
+        import daskvec.gymnasium as face
+
+        face.DaskNoSuchThing  # noqa: B018 (the lookup is the test)
