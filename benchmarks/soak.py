@@ -331,17 +331,21 @@ class Witness:
             now, last, reward = triple(obs[k]), self.last[i], float(rewards[k])
             _, ep, t = last
             term, trunc = bool(terminated[k]), bool(truncated[k])
+            # the row this env's next step makes: the reset row (a rebuilt env's first
+            # observation, or the next episode's; reward 0) or the next step of its episode
+            resets = i in self.fresh or last[2] == self.horizon
+            made = ((i, 0, 0) if i in self.fresh else (i, ep + 1, 0), 0.0) if resets else ((i, ep, t + 1), 1.0)
             if marked[k]:
                 reason = str(info[MARKER]["reason"][k])
                 self.markers.append((i, reason))
-                # moved: the row of the step it made; else its last row again (its step never happened)
-                expected, expected_reward = ((i, ep, t + 1), 1.0) if reason == "moved" else (last, 0.0)
+                # moved: the row of the step it made (a reset row too); else its last row again
+                # (its step never happened)
+                expected, expected_reward = made if reason == "moved" else (last, 0.0)
                 if not (now == expected and reward == expected_reward and trunc and not term):
                     self.bad(f"env {i} rebuilt ({reason}): {now} reward={reward} trunc={trunc} after {last}")
                 self.fresh.add(i)
-            elif i in self.fresh or (last[2] == self.horizon):
-                # the reset row: a rebuilt env's first observation, or the next episode's
-                expected = (i, 0, 0) if i in self.fresh else (i, ep + 1, 0)
+            elif resets:
+                expected = made[0]
                 if not (now == expected and reward == 0.0 and not term and not trunc):
                     self.bad(f"env {i} handed out {now} (reward {reward}) after {last}, expected {expected}")
                 self.fresh.discard(i)
