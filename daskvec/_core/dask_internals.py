@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import weakref
 from typing import Any
 
@@ -275,8 +276,23 @@ class ReleasedActorCalls(logging.Filter):
         return not (isinstance(exc, KeyError) and str(exc.args[0] if exc.args else "").startswith(GROUP_KEY_PREFIX))
 
 
-def quiet_released_actor_calls() -> None:
-    """Put :class:`ReleasedActorCalls` on tornado's ``tornado.application`` logger, once per process."""
+#: The engines open in this process, each of which wants :class:`ReleasedActorCalls` on.
+_QUIET = {"engines": 0}
+_QUIET_LOCK = threading.Lock()
+
+
+def quiet_released_actor_calls(on: bool) -> None:
+    """Put :class:`ReleasedActorCalls` on tornado's ``tornado.application`` logger while an engine is open.
+
+    ``on``: an engine opens (``True``) or closes (``False``). The filter is on from the first
+    engine opened until the last one closes: nothing of daskvec's is left on the logger.
+    """
     log = logging.getLogger("tornado.application")
-    if not any(isinstance(f, ReleasedActorCalls) for f in log.filters):
-        log.addFilter(ReleasedActorCalls())
+    with _QUIET_LOCK:
+        _QUIET["engines"] = max(_QUIET["engines"] + (1 if on else -1), 0)
+        present = [f for f in log.filters if isinstance(f, ReleasedActorCalls)]
+        if _QUIET["engines"] and not present:
+            log.addFilter(ReleasedActorCalls())
+        elif not _QUIET["engines"]:
+            for f in present:
+                log.removeFilter(f)

@@ -169,8 +169,8 @@ class Engine:
         )
         self.client = self.resolved.client
         _dask.scheduler_address(self.client)  # remembered now, for errors after the scheduler is gone
-        _dask.quiet_released_actor_calls()
         self.pool: GroupPool | None = None
+        _dask.quiet_released_actor_calls(True)  # until close: the groups' calls can outlive their actors
         try:
             transport, encrypted = _cluster.choose_transport(self.client, options.transport, options.timeout)
             self.options = replace(options, transport=transport, encrypted=encrypted)
@@ -195,6 +195,7 @@ class Engine:
                 self.pool.teardown(list(self.pool.groups), graceful=False)
             self.resolved.close()
             self.closed = True
+            _dask.quiet_released_actor_calls(False)
             raise
         self.timer = ClientTimer()
         self._last_stats = time.monotonic()
@@ -585,6 +586,7 @@ class Engine:
         if self.pool is not None:
             self.pool.close(abandon=gone, abandon_in_flight=abandon_in_flight)
         self.resolved.close(timeout=2 if gone else 10)
+        _dask.quiet_released_actor_calls(False)
 
     def summary(self) -> str:
         """Envs, groups and workers, for log lines."""

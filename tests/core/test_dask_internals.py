@@ -12,7 +12,7 @@ import pytest
 from envs import CountingEnv
 
 from daskvec import DaskVecEnv
-from daskvec._core.dask_internals import ReleasedActorCalls
+from daskvec._core.dask_internals import ReleasedActorCalls, quiet_released_actor_calls
 
 
 def loop_record(exc: BaseException) -> logging.LogRecord:
@@ -35,6 +35,19 @@ def test_a_call_to_a_released_group_actor_is_dropped_and_other_loop_errors_are_k
 def release(key: str, dask_worker: Any) -> None:
     """What a worker does with an abandoned group's actor: shut its envs down and forget it."""
     dask_worker.state.actors.pop(key).shutdown()
+
+
+def test_the_filter_is_on_from_the_first_engine_opened_until_the_last_closed() -> None:
+    def on() -> bool:
+        return any(isinstance(f, ReleasedActorCalls) for f in logging.getLogger("tornado.application").filters)
+
+    assert not on()
+    quiet_released_actor_calls(True)
+    quiet_released_actor_calls(True)
+    quiet_released_actor_calls(False)
+    assert on()
+    quiet_released_actor_calls(False)
+    assert not on()
 
 
 @pytest.mark.timeout(120)
