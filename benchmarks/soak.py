@@ -595,6 +595,7 @@ class Run:
         witness = Witness(o.n_envs, o.horizon)
         env = self.make_env(face)
         record: dict[str, Any] = {"phase": phase, "face": face, "start": round(time.monotonic() - self.t0, 1)}
+        injector: Injector | None = None
         try:
             stepper = Stepper(self, env, face, phase, witness)
             stepper.reset()
@@ -617,6 +618,9 @@ class Run:
             record["groups_at_end"] = [{"worker": g["worker"], "envs": g["envs"]} for g in env.groups]
             record.update(self.restarts(env, witness, faults))
         finally:
+            if injector is not None:  # a stopped run ends its fault first: a freeze resumed, a kill replaced
+                injector.stop_event.set()
+                injector.join(o.timeout)
             with contextlib.suppress(Exception):  # closing after a failure must not hide it
                 close_start = time.monotonic()
                 env.close()
@@ -966,15 +970,36 @@ def soak(opts: Options, workdir: Path) -> dict[str, Any]:
         cluster.stop()
 
 
+class Stopped(BaseException):
+    """The soak was told to stop (SIGTERM, SIGHUP) before its time was up."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    # A second signal must not interrupt the clean-up the first one started.
+    signal.signal(signum, signal.SIG_IGN)
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The CLI: run, print, write ``--json``; 0 when every invariant held."""
+    """The CLI: run, print, write ``--json``; 0 when every invariant held.
+
+    SIGTERM, SIGHUP and Ctrl-C stop the run and end the processes it started (with
+    ``--hosts``, its emulated hosts too); the exit status is then 128 + the signal.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     opts, out, keep = parse(argv)
     import torch
 
     torch.set_num_threads(1)  # the learner shares the machine with the workers it measures
     workdir = Path(tempfile.mkdtemp(prefix="daskvec-soak-"))
-    result = soak(opts, workdir)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    try:
+        result = soak(opts, workdir)
+    except (Stopped, KeyboardInterrupt) as stop:
+        name = str(stop) or "SIGINT"
+        logger.warning("stopped by %s; its processes are ended; logs: %s", name, workdir)
+        return 128 + signal.Signals[name].value
     print_report(result)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

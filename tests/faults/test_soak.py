@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 import benchmarks
@@ -53,3 +57,41 @@ def test_a_minute_of_faults_through_every_face_keeps_every_invariant(tmp_path: P
     assert result["rows_checked"] > 0 and all(ph["rows_checked"] > 0 for ph in result["phases"])
     assert max(result["longest_call_s"].get(k, 0.0) for k in ("step", "recv")) <= result["bound_s"]
     assert not result["leftovers_after_close"]
+
+
+@pytest.mark.timeout(600)
+def test_a_terminated_soak_ends_every_process_it_started(tmp_path: Path) -> None:
+    """``kill <soak>`` (SIGTERM, as a batch system's time limit sends) leaves no scheduler or worker behind."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "benchmarks.soak", "--minutes", "10", "--seed", "0"]
+    cmd += ["--step-timeout", str(STEP_TIMEOUT), "--keep"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        # the first fault: the scheduler and the workers are up and the envs step on them
+        while not any("phase 0: " in line for line in seen):
+            seen.append(lines.get(timeout=300))
+        started = proc_tree(proc.pid)
+        assert len(started) >= 4, started  # the scheduler and three workers
+        proc.send_signal(signal.SIGTERM)
+        # the soak bounds its clean-up; this only turns a hang into a failure
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    while not lines.empty():
+        seen.append(lines.get())
+    out = "".join(seen)
+    assert code == 128 + signal.SIGTERM, out[-4000:]
+    assert "stopped by SIGTERM" in out, out[-4000:]
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, f"left behind: {[p.cmdline() for p in alive]}\n{out[-4000:]}"
+
+
+def proc_tree(pid: int) -> list[psutil.Process]:
+    """Every process ``pid`` started, directly or not."""
+    return psutil.Process(pid).children(recursive=True)
