@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,11 @@ def test_a_terminated_soak_ends_every_process_it_started(tmp_path: Path) -> None
     assert "stopped by SIGTERM" in out, out[-4000:]
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, f"left behind: {[p.cmdline() for p in alive]}\n{out[-4000:]}"
+    # and none it started later (a replacement worker): they all run in its work directory
+    workdir = out.rsplit("logs: ", 1)[1].split()[0]
+    assert Path(workdir).is_dir(), out[-4000:]
+    assert not [p.info for p in psutil.process_iter(["pid", "cwd", "cmdline"]) if p.info["cwd"] == workdir]
+    shutil.rmtree(workdir)
 
 
 def proc_tree(pid: int) -> list[psutil.Process]:
