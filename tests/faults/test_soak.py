@@ -68,7 +68,12 @@ def test_a_terminated_soak_ends_every_process_it_started(tmp_path: Path) -> None
     cmd += ["--step-timeout", str(STEP_TIMEOUT), "--keep"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True)
+
+    def read() -> None:
+        for line in proc.stdout or ():
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     seen: list[str] = []
     try:
