@@ -20,6 +20,11 @@ simulator in another process, a robot, a remote service) rather than computes. O
 machine that is the only way the envs' time is not the learner's CPU: with CPU-bound envs
 on 2 cores, the learner and the envs share the cores, and overlapping them mostly trades
 one for the other.
+
+``rtt_ms`` runs the daskvec cases' workers on two emulated hosts (:mod:`benchmarks.hosts`:
+network namespaces, each with its own address and a relay adding that round trip to
+every connection; root) instead of an embedded ``LocalCluster``: the envs behind a
+network, as on a cluster's other nodes. SB3's own vec envs run on the learner's host either way.
 """
 
 from __future__ import annotations
@@ -154,14 +159,18 @@ def _run_case(
             return score < goal
 
     model = _make_model(case, seed, env_delay, client)
+    env = model.get_env()
+    # where the envs stepped: the emulated hosts' workers when rtt_ms is given
+    workers = sorted({str(g["worker"]) for g in env.groups}) if CASES[case][2] == "dask" else []
     try:
         model.learn(max_steps, callback=_Evaluate())
     finally:
-        model.get_env().close()
+        env.close()
     reached = next((c for c in curve if c[2] >= goal), None)
     return {
         "case": case,
         "seed": seed,
+        "workers": workers,
         "seconds": None if reached is None else round(reached[0], 3),
         "steps": None if reached is None else reached[1],
         "curve": [{"seconds": round(s, 3), "steps": n, "return": round(r, 2)} for s, n, r in curve],
@@ -178,25 +187,45 @@ def run_time_to_reward(
     scheduler: str | None = None,
     out_path: Path | None = None,
     threshold: float | None = None,
+    rtt_ms: float | None = None,
 ) -> dict[str, Any]:
     """Train every case on every seed (cases alternated within a seed, their order rotated); medians and ratios.
 
     Returns the runs, each case's median seconds and its ratio to the first case's, and
     writes them as JSON to ``out_path`` if given. ``threshold`` replaces the envs' own
     (475 on CartPole-v1, -250 on Pendulum-v1); a run that never reaches it within
-    ``max_steps`` has no time, and its case no median.
+    ``max_steps`` has no time, and its case no median. The daskvec cases' envs run on
+    ``scheduler``'s workers if given, else on two emulated hosts at ``rtt_ms`` if given
+    (root), else on an embedded ``LocalCluster`` of two worker processes.
     """
     from dask.distributed import Client, LocalCluster
 
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise ValueError(f"unknown time-to-reward cases {unknown}; choose from {sorted(CASES)}")
+    if scheduler is not None and rtt_ms is not None:
+        raise ValueError("give scheduler or rtt_ms, not both: rtt_ms starts emulated hosts of its own")
     import dask
 
-    # Dask's profiler on Python 3.11 can deadlock a worker while env groups start their threads
-    with dask.config.set({"distributed.worker.profile.enabled": False}):
-        cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
-    client = Client(scheduler or cluster)
+    cluster: Any = None
+    if rtt_ms is not None:
+        from benchmarks.hosts import EmulatedHosts, checkout_env, missing_requirements
+
+        missing = missing_requirements()
+        if missing:
+            raise RuntimeError(f"rtt_ms needs emulated hosts: {missing}")
+        cluster = EmulatedHosts(2, rtt_ms)
+        cluster.env.update(checkout_env())  # the workers unpickle this module's env factory
+        try:
+            client = cluster.start().client()
+        except BaseException:
+            cluster.close()
+            raise
+    else:
+        # Dask's profiler on Python 3.11 can deadlock a worker while env groups start their threads
+        with dask.config.set({"distributed.worker.profile.enabled": False}):
+            cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
+        client = Client(scheduler or cluster)
     runs = []
     try:
         for k, seed in enumerate(seeds):
@@ -219,6 +248,9 @@ def run_time_to_reward(
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "env_delay": env_delay,
+        "rtt_ms": rtt_ms,
+        # the emulated hosts' addresses: where each run's "workers" should be
+        "hosts": [h.address for h in cluster.hosts] if rtt_ms is not None else None,
         "eval_every": eval_every,
         "eval_episodes": eval_episodes,
         "seeds": list(seeds),
@@ -235,8 +267,8 @@ def run_time_to_reward(
 def format_time_to_reward_table(result: dict[str, Any]) -> str:
     """The cases' median seconds to the threshold, each run's, and the ratio to the first case."""
     lines = [
-        f"time to reward (env delay {result['env_delay'] * 1000:.3g} ms a step; seeds {result['seeds']}; "
-        "wall seconds, construction included, evaluations excluded)",
+        f"time to reward (env delay {result['env_delay'] * 1000:.3g} ms a step; {_where(result)}; "
+        f"seeds {result['seeds']}; wall seconds, construction included, evaluations excluded)",
         f"{'case':<15}{'median s':>10}{'ratio':>8}  runs",
     ]
     for case, median in result["median_seconds"].items():
@@ -248,6 +280,11 @@ def format_time_to_reward_table(result: dict[str, Any]) -> str:
             f"  {shown}"
         )
     return "\n".join(lines)
+
+
+def _where(result: dict[str, Any]) -> str:
+    rtt = result.get("rtt_ms")
+    return "daskvec's workers local" if rtt is None else f"daskvec's workers on 2 emulated hosts at {rtt:g} ms"
 
 
 def plot_curves(result: dict[str, Any], path: Path) -> Path:
@@ -267,7 +304,7 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
         colours.setdefault(run["case"], line.get_color())
     ax.set_xlabel("wall-clock seconds (evaluations excluded)")
     ax.set_ylabel("deterministic evaluation return")
-    ax.set_title(f"time to reward, env delay {result['env_delay'] * 1000:.3g} ms a step")
+    ax.set_title(f"time to reward, env delay {result['env_delay'] * 1000:.3g} ms a step\n{_where(result)}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
