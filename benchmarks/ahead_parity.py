@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.learning import ZOO_CARTPOLE
-from benchmarks.time_to_reward import evaluate
+from benchmarks.learning import ZOO_CARTPOLE, evaluate
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)

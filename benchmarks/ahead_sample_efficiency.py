@@ -4,7 +4,7 @@
 CartPole-v1 (8 envs, RL Zoo's hyperparameters from :mod:`benchmarks.learning`, constant
 rates) for ``--steps`` env-steps per case and seed, evaluating deterministically every
 ``--eval-every`` steps (``--episodes`` on a seeded env of its own,
-:func:`benchmarks.time_to_reward.evaluate`). Steps, not seconds: the machine's load does
+:func:`benchmarks.learning.evaluate`). Steps, not seconds: the machine's load does
 not move the figures. Cases (alternated within a seed, the order rotated with the seed):
 
 - ``ppo-dummy``: SB3's ``PPO`` on ``DummyVecEnv``, the reference;
@@ -46,8 +46,7 @@ import numpy as np
 import torch as th
 
 from benchmarks.ahead_parity import bootstrap_difference
-from benchmarks.learning import ZOO_CARTPOLE
-from benchmarks.time_to_reward import evaluate
+from benchmarks.learning import ZOO_CARTPOLE, evaluate
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ZOO_CARTPOLE", "format_learning_table", "run_learning_check"]
+__all__ = ["ZOO_CARTPOLE", "evaluate", "format_learning_table", "run_learning_check"]
 
 #: RL Zoo's PPO hyperparameters for CartPole-v1 (schedules made constant).
 ZOO_CARTPOLE: dict[str, Any] = {
@@ -47,11 +47,16 @@ ZOO_CARTPOLE: dict[str, Any] = {
 cartpole = functools.partial(gym.make, "CartPole-v1")
 
 
-def _evaluate(model: Any, episodes: int, seed: int) -> float:
+def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
+    """The mean return of ``episodes`` deterministic episodes on a seeded ``env_id`` of its own.
+
+    The one evaluation of every learning benchmark; the env is wrapped in a ``Monitor``,
+    as SB3's ``evaluate_policy`` expects (the returns are the episodes' own).
+    """
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
 
-    env = Monitor(gym.make("CartPole-v1"))
+    env = Monitor(gym.make(env_id))
     env.reset(seed=seed)
     try:
         rewards, _ = evaluate_policy(
@@ -89,7 +94,7 @@ def _train(kind: str, seed: int, n_envs: int, timesteps: int, episodes: int, cli
     finally:
         env.close()
     wall = time.perf_counter() - t0
-    reward = _evaluate(model, episodes, seed=10_000 + seed)
+    reward = evaluate(model, "CartPole-v1", episodes, seed=10_000 + seed)
     logger.info("learning check: %s seed %d: %.1f in %.0fs", kind, seed, reward, wall)
     return {"seed": seed, "mean_reward": reward, "wall_s": wall}
 

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from benchmarks.learning import evaluate
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
@@ -65,21 +65,6 @@ OFF_POLICY_TASKS: dict[str, dict[str, Any]] = {
 }
 
 
-def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.monitor import Monitor
-
-    env = Monitor(gym.make(env_id))
-    env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        env.close()
-    return float(np.mean(rewards))
-
-
 def _train(task: str, dask: bool, seed: int, episodes: int, client: Any) -> dict[str, Any]:
     from stable_baselines3 import DQN, SAC
     from stable_baselines3.common.env_util import make_vec_env
@@ -109,7 +94,7 @@ def _train(task: str, dask: bool, seed: int, episodes: int, client: Any) -> dict
     finally:
         env.close()
     wall = time.perf_counter() - t0
-    reward = _evaluate(model, spec["env"], episodes, seed=10_000 + seed)
+    reward = evaluate(model, spec["env"], episodes, seed=10_000 + seed)
     logger.info(
         "off-policy learning check: %s%s seed %d: %.1f in %.0fs", "dask" if dask else "", task, seed, reward, wall
     )

@@ -40,12 +40,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from benchmarks.learning import ZOO_CARTPOLE
+from benchmarks.learning import ZOO_CARTPOLE, evaluate
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CASES", "evaluate", "format_time_to_reward_table", "run_time_to_reward"]
+__all__ = ["CASES", "format_time_to_reward_table", "run_time_to_reward"]
 
 #: RL Zoo's SAC hyperparameters for Pendulum-v1 (learning rate 1e-3), collected 8 vec-steps at a time.
 ZOO_SAC_PENDULUM: dict[str, Any] = {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 8}
@@ -86,21 +86,6 @@ class _MakeEnv:
     def __call__(self) -> gym.Env[Any, Any]:
         env = gym.make(self.env_id)
         return Waiting(env, self.delay) if self.delay > 0 else env
-
-
-def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
-    """The mean return of ``episodes`` deterministic episodes on a seeded ``env_id`` of its own."""
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    env = gym.make(env_id)
-    env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        env.close()
-    return float(np.mean(rewards))
 
 
 def _make_model(case: str, seed: int, env_delay: float, client: Any) -> Any:
