@@ -40,7 +40,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from benchmarks.learning import ZOO_CARTPOLE, evaluate
+from benchmarks.learning import ZOO_CARTPOLE
+from benchmarks.learning_runs import alternated, evaluate, learning_client
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
@@ -183,46 +184,15 @@ def run_time_to_reward(
     ``scheduler``'s workers if given, else on two emulated hosts at ``rtt_ms`` if given
     (root), else on an embedded ``LocalCluster`` of two worker processes.
     """
-    from dask.distributed import Client, LocalCluster
-
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise ValueError(f"unknown time-to-reward cases {unknown}; choose from {sorted(CASES)}")
-    if scheduler is not None and rtt_ms is not None:
-        raise ValueError("give scheduler or rtt_ms, not both: rtt_ms starts emulated hosts of its own")
-    import dask
-
-    cluster: Any = None
-    if rtt_ms is not None:
-        from benchmarks.hosts import EmulatedHosts, checkout_env, missing_requirements
-
-        missing = missing_requirements()
-        if missing:
-            raise RuntimeError(f"rtt_ms needs emulated hosts: {missing}")
-        cluster = EmulatedHosts(2, rtt_ms)
-        cluster.env.update(checkout_env())  # the workers unpickle this module's env factory
-        try:
-            client = cluster.start().client()
-        except BaseException:
-            cluster.close()
-            raise
-    else:
-        # Dask's profiler on Python 3.11 can deadlock a worker while env groups start their threads
-        with dask.config.set({"distributed.worker.profile.enabled": False}):
-            cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
-        client = Client(scheduler or cluster)
     runs = []
-    try:
-        for k, seed in enumerate(seeds):
-            order = list(cases[k % len(cases) :]) + list(cases[: k % len(cases)])
-            for case in order:
-                run = _run_case(case, seed, env_delay, eval_every, eval_episodes, max_steps, client, threshold)
-                logger.info("time to reward: %s seed %d: %s s", case, seed, run["seconds"])
-                runs.append(run)
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    with learning_client(scheduler, rtt_ms) as (client, hosts):
+        for seed, case in alternated(list(cases), seeds):
+            run = _run_case(case, seed, env_delay, eval_every, eval_episodes, max_steps, client, threshold)
+            logger.info("time to reward: %s seed %d: %s s", case, seed, run["seconds"])
+            runs.append(run)
     medians = {}
     for case in cases:
         times = [r["seconds"] for r in runs if r["case"] == case]
@@ -235,7 +205,7 @@ def run_time_to_reward(
         "env_delay": env_delay,
         "rtt_ms": rtt_ms,
         # the emulated hosts' addresses: where each run's "workers" should be
-        "hosts": [h.address for h in cluster.hosts] if rtt_ms is not None else None,
+        "hosts": hosts or None,
         "eval_every": eval_every,
         "eval_episodes": eval_episodes,
         "seeds": list(seeds),

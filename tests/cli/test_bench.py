@@ -930,3 +930,14 @@ def test_ttr_rtt_runs_time_to_reward_once_per_round_trip(tmp_path: Path, monkeyp
     calls.clear()
     assert run_own(parser.parse_args(base)) == 0
     assert [(r, p.name) for r, p in calls] == [(None, "time-to-reward-delay-2ms.json")]
+
+
+def test_learning_benchmarks_alternate_their_cases_rotating_the_order_each_seed() -> None:
+    from benchmarks.learning_runs import alternated
+
+    assert list(alternated(["a", "b", "c"], [7, 8, 9, 10])) == [
+        *[(7, "a"), (7, "b"), (7, "c")],
+        *[(8, "b"), (8, "c"), (8, "a")],
+        *[(9, "c"), (9, "a"), (9, "b")],
+        *[(10, "a"), (10, "b"), (10, "c")],
+    ]
