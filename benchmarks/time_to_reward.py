@@ -167,7 +167,7 @@ def run_time_to_reward(
     cases: Sequence[str] = ("ppo-dummy", "daskppo", "daskppo-ahead"),
     seeds: Sequence[int] = (0, 1, 2),
     env_delay: float = 0.0,
-    eval_every: int = 4096,
+    eval_every: int = 2048,
     eval_episodes: int = 5,
     max_steps: int = 200_000,
     scheduler: str | None = None,
