@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.learning import ZOO_CARTPOLE
-from benchmarks.time_to_reward import evaluate
+from benchmarks.learning_runs import alternated, evaluate, learning_client
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
@@ -80,19 +80,10 @@ def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any) -> dict
 
 def run_parity(algo: str, seeds: list[int], episodes: int = 20, out_path: Path | None = None) -> dict[str, Any]:
     """Train ``algo`` synchronous and collecting ahead on every seed; the bootstrap test of their difference."""
-    import dask
-    from dask.distributed import Client, LocalCluster
-
-    with dask.config.set({"distributed.worker.profile.enabled": False}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     runs: list[dict[str, Any]] = []
-    try:
-        with Client(cluster) as client:
-            for k, seed in enumerate(seeds):
-                for ahead in (0, 1) if k % 2 == 0 else (1, 0):
-                    runs.append(_train(algo, ahead, seed, episodes, client))
-    finally:
-        cluster.close()
+    with learning_client() as (client, _):
+        for seed, ahead in alternated((0, 1), seeds):
+            runs.append(_train(algo, ahead, seed, episodes, client))
     sync = [r["mean_return"] for r in runs if r["collect_ahead"] == 0]
     ahead_ = [r["mean_return"] for r in runs if r["collect_ahead"] == 1]
     low, high = bootstrap_difference(sync, ahead_)

@@ -4,7 +4,7 @@
 CartPole-v1 (8 envs, RL Zoo's hyperparameters from :mod:`benchmarks.learning`, constant
 rates) for ``--steps`` env-steps per case and seed, evaluating deterministically every
 ``--eval-every`` steps (``--episodes`` on a seeded env of its own,
-:func:`benchmarks.time_to_reward.evaluate`). Steps, not seconds: the machine's load does
+:func:`benchmarks.learning_runs.evaluate`). Steps, not seconds: the machine's load does
 not move the figures. Cases (alternated within a seed, the order rotated with the seed):
 
 - ``ppo-dummy``: SB3's ``PPO`` on ``DummyVecEnv``, the reference;
@@ -47,7 +47,7 @@ import torch as th
 
 from benchmarks.ahead_parity import bootstrap_difference
 from benchmarks.learning import ZOO_CARTPOLE
-from benchmarks.time_to_reward import evaluate
+from benchmarks.learning_runs import alternated, evaluate, learning_client
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
@@ -303,22 +303,13 @@ def run_sample_efficiency(
     ``changes`` replaces some of RL Zoo's hyperparameters (all cases alike).
     """
     changes = dict(changes or {})
-    import dask
-    from dask.distributed import Client, LocalCluster
-
-    with dask.config.set({"distributed.worker.profile.enabled": False}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     runs: list[dict[str, Any]] = []
-    try:
-        with Client(cluster) as client:
-            for k, seed in enumerate(seeds):
-                for case in cases[k % len(cases) :] + cases[: k % len(cases)]:
-                    runs.append(_run(case, seed, steps, eval_every, episodes, client, changes))
-                    if out_path is not None:  # every run kept as it ends: a stopped run leaves its seeds
-                        out_path.parent.mkdir(parents=True, exist_ok=True)
-                        out_path.write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
-    finally:
-        cluster.close()
+    with learning_client() as (client, _):
+        for seed, case in alternated(cases, seeds):
+            runs.append(_run(case, seed, steps, eval_every, episodes, client, changes))
+            if out_path is not None:  # every run kept as it ends: a stopped run leaves its seeds
+                out_path.parent.mkdir(parents=True, exist_ok=True)
+                out_path.write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
     result = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),

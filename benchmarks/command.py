@@ -45,17 +45,19 @@ def _time_to_reward(args: argparse.Namespace) -> None:
     from benchmarks.time_to_reward import format_time_to_reward_table, plot_curves, run_time_to_reward
 
     delay = args.env_delay / 1000
-    out = Path(args.out) / f"time-to-reward-delay-{args.env_delay:g}ms.json"
-    res = run_time_to_reward(
-        args.ttr_cases, args.learning_seeds, env_delay=delay, scheduler=args.scheduler, out_path=out
-    )
-    print(format_time_to_reward_table(res))
-    print(f"json: {out}")
-    if not args.no_plot:
-        try:
-            print(f"plot: {plot_curves(res, out.with_suffix('.png'))}")
-        except ImportError:
-            print('plot: skipped (matplotlib is not installed: pip install -e ".[bench]")')
+    for rtt in args.ttr_rtt or [None]:
+        name = f"time-to-reward-delay-{args.env_delay:g}ms" + ("" if rtt is None else f"-rtt-{rtt:g}ms")
+        out = Path(args.out) / f"{name}.json"
+        res = run_time_to_reward(
+            args.ttr_cases, args.learning_seeds, env_delay=delay, scheduler=args.scheduler, out_path=out, rtt_ms=rtt
+        )
+        print(format_time_to_reward_table(res))
+        print(f"json: {out}")
+        if not args.no_plot:
+            try:
+                print(f"plot: {plot_curves(res, out.with_suffix('.png'))}")
+            except ImportError:
+                print('plot: skipped (matplotlib is not installed: pip install -e ".[bench]")')
 
 
 def _hosts(args: argparse.Namespace) -> int:

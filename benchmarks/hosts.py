@@ -48,6 +48,7 @@ from typing import Any
 
 __all__ = [
     "EmulatedHosts",
+    "checkout_env",
     "Host",
     "emulated_hosts",
     "measure_relay_cost",
@@ -59,6 +60,21 @@ __all__ = [
 #: The delay relay and the echo server, run as scripts inside a host.
 RELAY = Path(__file__).resolve().with_name("relay.py")
 IFACE = "eth0"  # the host's end of its veth pair, inside its namespace
+
+
+def checkout_env() -> dict[str, str]:
+    """The environment of dask processes that import from this checkout.
+
+    This checkout's root on ``PYTHONPATH`` (the workers import this daskvec and the
+    benchmarks' envs, not whatever daskvec the venv's editable install points at), one BLAS
+    thread, and no Dask stack-sampling profiler, which can deadlock a worker on CPython
+    3.11 (docs/fault-tolerance.md).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["OMP_NUM_THREADS"] = "1"
+    env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+    return env
 
 
 # --------------------------------------------------------------------------- requirements

@@ -26,6 +26,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from benchmarks.learning_runs import alternated, evaluate, learning_client
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
@@ -45,21 +46,6 @@ ZOO_CARTPOLE: dict[str, Any] = {
 }
 
 cartpole = functools.partial(gym.make, "CartPole-v1")
-
-
-def _evaluate(model: Any, episodes: int, seed: int) -> float:
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.monitor import Monitor
-
-    env = Monitor(gym.make("CartPole-v1"))
-    env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        env.close()
-    return float(np.mean(rewards))
 
 
 def _train(kind: str, seed: int, n_envs: int, timesteps: int, episodes: int, client: Any) -> dict[str, Any]:
@@ -89,7 +75,7 @@ def _train(kind: str, seed: int, n_envs: int, timesteps: int, episodes: int, cli
     finally:
         env.close()
     wall = time.perf_counter() - t0
-    reward = _evaluate(model, episodes, seed=10_000 + seed)
+    reward = evaluate(model, "CartPole-v1", episodes, seed=10_000 + seed)
     logger.info("learning check: %s seed %d: %.1f in %.0fs", kind, seed, reward, wall)
     return {"seed": seed, "mean_reward": reward, "wall_s": wall}
 
@@ -122,24 +108,11 @@ def run_learning_check(
         ``runs`` (per kind, per seed), ``summary`` (mean, std, min, max per kind) and
         ``within_spread``.
     """
-    from distributed import Client, LocalCluster
-
     started = time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {"ppo": [], "daskppo": []}
-    from dask import config as dask_config
-
-    cluster = None
-    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec._core.pool)
-        with dask_config.set({"distributed.worker.profile.enabled": False}):
-            cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", silence_logs=40)
-    try:
-        with Client(scheduler or cluster, direct_to_workers=True, set_as_default=False) as client:
-            for seed in seeds:
-                for kind in runs:
-                    runs[kind].append(_train(kind, int(seed), n_envs, timesteps, eval_episodes, client))
-    finally:
-        if cluster is not None:
-            cluster.close()
+    with learning_client(scheduler) as (client, _):
+        for seed, kind in alternated(list(runs), seeds):
+            runs[kind].append(_train(kind, int(seed), n_envs, timesteps, eval_episodes, client))
     summary = {}
     for kind, rows in runs.items():
         r = np.array([row["mean_reward"] for row in rows])

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from benchmarks.learning_runs import alternated, evaluate, learning_client
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
@@ -65,21 +65,6 @@ OFF_POLICY_TASKS: dict[str, dict[str, Any]] = {
 }
 
 
-def _evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.monitor import Monitor
-
-    env = Monitor(gym.make(env_id))
-    env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        env.close()
-    return float(np.mean(rewards))
-
-
 def _train(task: str, dask: bool, seed: int, episodes: int, client: Any) -> dict[str, Any]:
     from stable_baselines3 import DQN, SAC
     from stable_baselines3.common.env_util import make_vec_env
@@ -109,7 +94,7 @@ def _train(task: str, dask: bool, seed: int, episodes: int, client: Any) -> dict
     finally:
         env.close()
     wall = time.perf_counter() - t0
-    reward = _evaluate(model, spec["env"], episodes, seed=10_000 + seed)
+    reward = evaluate(model, spec["env"], episodes, seed=10_000 + seed)
     logger.info(
         "off-policy learning check: %s%s seed %d: %.1f in %.0fs", "dask" if dask else "", task, seed, reward, wall
     )
@@ -157,29 +142,17 @@ def run_offpolicy_learning_check(
         Per task: ``runs`` (``sb3`` and ``dask``, per seed), ``summary`` (mean, std,
         min, max, wall time) and ``within_spread``.
     """
-    from dask import config as dask_config
-    from distributed import Client, LocalCluster
-
     started = time.perf_counter()
-    cluster = None
-    if not scheduler:  # without the profiler, which can deadlock workers on Python 3.11 (see daskvec._core.pool)
-        with dask_config.set({"distributed.worker.profile.enabled": False}):
-            cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", silence_logs=40)
     out: dict[str, Any] = {}
-    try:
-        with Client(scheduler or cluster, direct_to_workers=True, set_as_default=False) as client:
-            for task in tasks:
-                runs: dict[str, list[dict[str, Any]]] = {"sb3": [], "dask": []}
-                for seed in seeds:
-                    for kind in runs:
-                        runs[kind].append(_train(task, kind == "dask", int(seed), eval_episodes, client))
-                summary = {kind: _summary(rows) for kind, rows in runs.items()}
-                sb3, dask = summary["sb3"], summary["dask"]
-                within = sb3["min"] <= dask["mean"] <= sb3["max"]
-                out[task] = {"runs": runs, "summary": summary, "within_spread": within}
-    finally:
-        if cluster is not None:
-            cluster.close()
+    with learning_client(scheduler) as (client, _):
+        for task in tasks:
+            runs: dict[str, list[dict[str, Any]]] = {"sb3": [], "dask": []}
+            for seed, kind in alternated(list(runs), seeds):
+                runs[kind].append(_train(task, kind == "dask", int(seed), eval_episodes, client))
+            summary = {kind: _summary(rows) for kind, rows in runs.items()}
+            sb3, dask = summary["sb3"], summary["dask"]
+            within = sb3["min"] <= dask["mean"] <= sb3["max"]
+            out[task] = {"runs": runs, "summary": summary, "within_spread": within}
     results = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.hosts import checkout_env
 from benchmarks.witness import WitnessEnv, dask_ports, footprint_probe, triple
 
 logger = logging.getLogger(__name__)
@@ -130,20 +131,6 @@ def make_schedule(
 
 
 # --------------------------------------------------------------------------- the cluster
-def checkout_env() -> dict[str, str]:
-    """The environment of the dask processes: this checkout's root on ``PYTHONPATH``, one BLAS thread.
-
-    The workers import this daskvec and :mod:`benchmarks.witness` from the checkout (not
-    whatever daskvec the venv's editable install points at), and run without Dask's
-    stack-sampling profiler, which can deadlock a worker on CPython 3.11 (docs/fault-tolerance.md).
-    """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    env["OMP_NUM_THREADS"] = "1"
-    env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
-    return env
-
-
 class LocalProcesses:
     """A ``dask scheduler`` and ``dask worker`` processes (no nanny: a SIGKILL kills a worker for good).
 

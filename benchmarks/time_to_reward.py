@@ -20,6 +20,11 @@ simulator in another process, a robot, a remote service) rather than computes. O
 machine that is the only way the envs' time is not the learner's CPU: with CPU-bound envs
 on 2 cores, the learner and the envs share the cores, and overlapping them mostly trades
 one for the other.
+
+``rtt_ms`` runs the daskvec cases' workers on two emulated hosts (:mod:`benchmarks.hosts`:
+network namespaces, each with its own address and a relay adding that round trip to
+every connection; root) instead of an embedded ``LocalCluster``: the envs behind a
+network, as on a cluster's other nodes. SB3's own vec envs run on the learner's host either way.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ import gymnasium as gym
 import numpy as np
 
 from benchmarks.learning import ZOO_CARTPOLE
+from benchmarks.learning_runs import alternated, evaluate, learning_client
 from daskvec.bench.machine import machine_info
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CASES", "evaluate", "format_time_to_reward_table", "run_time_to_reward"]
+__all__ = ["CASES", "format_time_to_reward_table", "run_time_to_reward"]
 
 #: RL Zoo's SAC hyperparameters for Pendulum-v1 (learning rate 1e-3), collected 8 vec-steps at a time.
 ZOO_SAC_PENDULUM: dict[str, Any] = {"learning_rate": 1e-3, "train_freq": (8, "step"), "gradient_steps": 8}
@@ -81,21 +87,6 @@ class _MakeEnv:
     def __call__(self) -> gym.Env[Any, Any]:
         env = gym.make(self.env_id)
         return Waiting(env, self.delay) if self.delay > 0 else env
-
-
-def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
-    """The mean return of ``episodes`` deterministic episodes on a seeded ``env_id`` of its own."""
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    env = gym.make(env_id)
-    env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        env.close()
-    return float(np.mean(rewards))
 
 
 def _make_model(case: str, seed: int, env_delay: float, client: Any) -> Any:
@@ -154,14 +145,18 @@ def _run_case(
             return score < goal
 
     model = _make_model(case, seed, env_delay, client)
+    env = model.get_env()
+    # where the envs stepped: the emulated hosts' workers when rtt_ms is given
+    workers = sorted({str(g["worker"]) for g in env.groups}) if CASES[case][2] == "dask" else []
     try:
         model.learn(max_steps, callback=_Evaluate())
     finally:
-        model.get_env().close()
+        env.close()
     reached = next((c for c in curve if c[2] >= goal), None)
     return {
         "case": case,
         "seed": seed,
+        "workers": workers,
         "seconds": None if reached is None else round(reached[0], 3),
         "steps": None if reached is None else reached[1],
         "curve": [{"seconds": round(s, 3), "steps": n, "return": round(r, 2)} for s, n, r in curve],
@@ -172,43 +167,32 @@ def run_time_to_reward(
     cases: Sequence[str] = ("ppo-dummy", "daskppo", "daskppo-ahead"),
     seeds: Sequence[int] = (0, 1, 2),
     env_delay: float = 0.0,
-    eval_every: int = 4096,
+    eval_every: int = 2048,
     eval_episodes: int = 5,
     max_steps: int = 200_000,
     scheduler: str | None = None,
     out_path: Path | None = None,
     threshold: float | None = None,
+    rtt_ms: float | None = None,
 ) -> dict[str, Any]:
     """Train every case on every seed (cases alternated within a seed, their order rotated); medians and ratios.
 
     Returns the runs, each case's median seconds and its ratio to the first case's, and
     writes them as JSON to ``out_path`` if given. ``threshold`` replaces the envs' own
     (475 on CartPole-v1, -250 on Pendulum-v1); a run that never reaches it within
-    ``max_steps`` has no time, and its case no median.
+    ``max_steps`` has no time, and its case no median. The daskvec cases' envs run on
+    ``scheduler``'s workers if given, else on two emulated hosts at ``rtt_ms`` if given
+    (root), else on an embedded ``LocalCluster`` of two worker processes.
     """
-    from dask.distributed import Client, LocalCluster
-
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise ValueError(f"unknown time-to-reward cases {unknown}; choose from {sorted(CASES)}")
-    import dask
-
-    # Dask's profiler on Python 3.11 can deadlock a worker while env groups start their threads
-    with dask.config.set({"distributed.worker.profile.enabled": False}):
-        cluster = None if scheduler else LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
-    client = Client(scheduler or cluster)
     runs = []
-    try:
-        for k, seed in enumerate(seeds):
-            order = list(cases[k % len(cases) :]) + list(cases[: k % len(cases)])
-            for case in order:
-                run = _run_case(case, seed, env_delay, eval_every, eval_episodes, max_steps, client, threshold)
-                logger.info("time to reward: %s seed %d: %s s", case, seed, run["seconds"])
-                runs.append(run)
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    with learning_client(scheduler, rtt_ms) as (client, hosts):
+        for seed, case in alternated(list(cases), seeds):
+            run = _run_case(case, seed, env_delay, eval_every, eval_episodes, max_steps, client, threshold)
+            logger.info("time to reward: %s seed %d: %s s", case, seed, run["seconds"])
+            runs.append(run)
     medians = {}
     for case in cases:
         times = [r["seconds"] for r in runs if r["case"] == case]
@@ -219,6 +203,9 @@ def run_time_to_reward(
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "env_delay": env_delay,
+        "rtt_ms": rtt_ms,
+        # the emulated hosts' addresses: where each run's "workers" should be
+        "hosts": hosts or None,
         "eval_every": eval_every,
         "eval_episodes": eval_episodes,
         "seeds": list(seeds),
@@ -235,8 +222,8 @@ def run_time_to_reward(
 def format_time_to_reward_table(result: dict[str, Any]) -> str:
     """The cases' median seconds to the threshold, each run's, and the ratio to the first case."""
     lines = [
-        f"time to reward (env delay {result['env_delay'] * 1000:.3g} ms a step; seeds {result['seeds']}; "
-        "wall seconds, construction included, evaluations excluded)",
+        f"time to reward (env delay {result['env_delay'] * 1000:.3g} ms a step; {_where(result)}; "
+        f"seeds {result['seeds']}; wall seconds, construction included, evaluations excluded)",
         f"{'case':<15}{'median s':>10}{'ratio':>8}  runs",
     ]
     for case, median in result["median_seconds"].items():
@@ -248,6 +235,11 @@ def format_time_to_reward_table(result: dict[str, Any]) -> str:
             f"  {shown}"
         )
     return "\n".join(lines)
+
+
+def _where(result: dict[str, Any]) -> str:
+    rtt = result.get("rtt_ms")
+    return "daskvec's workers local" if rtt is None else f"daskvec's workers on 2 emulated hosts at {rtt:g} ms"
 
 
 def plot_curves(result: dict[str, Any], path: Path) -> Path:
@@ -267,7 +259,7 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
         colours.setdefault(run["case"], line.get_color())
     ax.set_xlabel("wall-clock seconds (evaluations excluded)")
     ax.set_ylabel("deterministic evaluation return")
-    ax.set_title(f"time to reward, env delay {result['env_delay'] * 1000:.3g} ms a step")
+    ax.set_title(f"time to reward, env delay {result['env_delay'] * 1000:.3g} ms a step\n{_where(result)}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -186,6 +186,16 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
             "help": "time-to-reward: milliseconds each env step waits (a simulator elsewhere; default 0: CPU only)",
         },
     ),
+    (
+        ("--ttr-rtt",),
+        {
+            "type": _number_list(float, "0,2,10", 0),
+            "default": None,
+            "metavar": "MS[,MS...]",
+            "help": "time-to-reward: run daskvec's workers on 2 emulated hosts (root) at each of these round "
+            "trips, one run and JSON per value (default: an embedded LocalCluster)",
+        },
+    ),
 )
 
 

@@ -864,3 +864,80 @@ def test_time_to_reward_times_each_case_until_its_threshold(tmp_path: Path) -> N
     assert "daskppo-ahead" in table and "median s" in table
     never = run_time_to_reward(["daskppo"], [0], eval_every=256, eval_episodes=1, max_steps=512, threshold=1e9)
     assert never["median_seconds"] == {"daskppo": None} and len(never["runs"][0]["curve"]) == 2
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_time_to_reward_steps_the_envs_on_emulated_hosts_at_the_round_trip_asked(tmp_path: Path) -> None:
+    """``rtt_ms``: daskvec's envs step on the emulated hosts' workers (not a local cluster), SB3's at home."""
+    from benchmarks.hosts import missing_requirements
+    from benchmarks.time_to_reward import format_time_to_reward_table, run_time_to_reward
+
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    res = run_time_to_reward(
+        ["ppo-dummy", "daskppo-ahead"],
+        [0],
+        env_delay=0.001,
+        eval_every=256,
+        eval_episodes=1,
+        max_steps=512,
+        threshold=0.0,
+        rtt_ms=2.0,
+    )
+    assert res["rtt_ms"] == 2.0 and len(res["hosts"]) == 2 and "127.0.0.1" not in res["hosts"]
+    dask_run, dummy_run = (next(r for r in res["runs"] if r["case"] == c) for c in ("daskppo-ahead", "ppo-dummy"))
+    stepped_on = {w.rsplit(":", 1)[0].split("://")[1] for w in dask_run["workers"]}
+    assert stepped_on and stepped_on <= set(res["hosts"]), (dask_run["workers"], res["hosts"])
+    assert dummy_run["workers"] == [] and dask_run["seconds"] is not None
+    assert "2 emulated hosts at 2 ms" in format_time_to_reward_table(res)
+    with pytest.raises(ValueError, match="scheduler or rtt_ms"):
+        run_time_to_reward(["daskppo"], [0], scheduler="tcp://127.0.0.1:1", rtt_ms=2.0)
+
+
+def test_ttr_rtt_runs_time_to_reward_once_per_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ttr-rtt 0,10``: one run per round trip, each with its own JSON; without it, one local run."""
+    import benchmarks.time_to_reward as ttr
+    from benchmarks.command import run_own
+
+    calls: list[tuple[float | None, Path]] = []
+
+    def record(cases: Any, seeds: Any, *, rtt_ms: float | None, out_path: Path, **kw: Any) -> dict[str, Any]:
+        calls.append((rtt_ms, out_path))
+        runs = [{"case": c, "seed": s, "seconds": 1.0, "curve": []} for s in seeds for c in cases]
+        return {
+            "env_delay": kw["env_delay"],
+            "rtt_ms": rtt_ms,
+            "seeds": list(seeds),
+            "runs": runs,
+            "median_seconds": dict.fromkeys(cases, 1.0),
+            "ratio_to_first": dict.fromkeys(cases, 1.0),
+        }
+
+    monkeypatch.setattr(ttr, "run_time_to_reward", record)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    base = ["--scenario", "time-to-reward", "--env-delay", "2", "--no-plot", "--out", str(tmp_path)]
+    assert parser.parse_args(base).ttr_rtt is None
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--ttr-rtt", "-1"])
+    assert run_own(parser.parse_args([*base, "--ttr-rtt", "0,10"])) == 0
+    assert [(r, p.name) for r, p in calls] == [
+        (0.0, "time-to-reward-delay-2ms-rtt-0ms.json"),
+        (10.0, "time-to-reward-delay-2ms-rtt-10ms.json"),
+    ]
+    calls.clear()
+    assert run_own(parser.parse_args(base)) == 0
+    assert [(r, p.name) for r, p in calls] == [(None, "time-to-reward-delay-2ms.json")]
+
+
+def test_learning_benchmarks_alternate_their_cases_rotating_the_order_each_seed() -> None:
+    from benchmarks.learning_runs import alternated
+
+    assert list(alternated(["a", "b", "c"], [7, 8, 9, 10])) == [
+        *[(7, "a"), (7, "b"), (7, "c")],
+        *[(8, "b"), (8, "c"), (8, "a")],
+        *[(9, "c"), (9, "a"), (9, "b")],
+        *[(10, "a"), (10, "b"), (10, "c")],
+    ]
