@@ -130,6 +130,44 @@ def make_schedule(
     return faults
 
 
+def told_against_ledger(
+    markers: Sequence[tuple[int, str, int]],
+    log: Sequence[dict[str, Any]],
+    counts: Sequence[int],
+    each_at_its_own_step: bool,
+) -> dict[str, Any]:
+    """Whether the markers the caller saw account for every rebuild in the ledger.
+
+    ``markers``: ``(env, reason, restarts)`` in the order seen; ``log``: ``restart_log``;
+    ``counts``: ``restart_counts``. Every env's markers count up to its ``restart_counts``
+    (``restarts`` strictly increasing, the last equal to it), the ledger holds one entry
+    per rebuild, and each marker's reason is one of the ledger's for that env. Stepping
+    (``each_at_its_own_step``), each rebuild is told at a step of its own: the markers are
+    the ledger, one for one. In a worker-side rollout, a rebuild whose group was lost again
+    before it returned a step is told by the next marker of its env, whose ``restarts``
+    counts both (docs/rollouts.md); those are counted as ``superseded``.
+    """
+    by_env: dict[int, list[int]] = {}
+    for i, _, restarts in markers:
+        by_env.setdefault(i, []).append(restarts)
+    ledger = Counter((int(e["env"]), str(e["reason"])) for e in log)
+    problems: list[str] = []
+    for i, count in enumerate(counts):
+        seen = by_env.get(i, [])
+        if seen != sorted(set(seen)) or (seen[-1] if seen else 0) != count:
+            problems.append(f"env {i}: markers counted {seen}, restart_counts {count}")
+        in_log = sum(n for (j, _), n in ledger.items() if j == i)
+        if in_log != count:
+            problems.append(f"env {i}: {in_log} ledger entries, restart_counts {count}")
+    told = Counter((i, reason) for i, reason, _ in markers)
+    if told - ledger:
+        problems.append(f"told but not in the ledger: {sorted((told - ledger).elements())}")
+    superseded = ledger - told
+    if each_at_its_own_step and superseded:
+        problems.append(f"in the ledger but never told: {sorted(superseded.elements())}")
+    return {"ok": not problems, "problems": problems[:20], "superseded": sorted(superseded.elements())}
+
+
 # --------------------------------------------------------------------------- the cluster
 class LocalProcesses:
     """A ``dask scheduler`` and ``dask worker`` processes (no nanny: a SIGKILL kills a worker for good).
@@ -268,7 +306,8 @@ class Witness:
         self.rows = 0
         self.wrong: list[str] = []
         self.n_wrong = 0
-        self.markers: list[tuple[int, str]] = []  # (env, reason) of every restart the caller was told of
+        # (env, reason, the marker's ``restarts``) of every restart the caller was told of
+        self.markers: list[tuple[int, str, int]] = []
 
     def bad(self, what: str) -> None:
         self.n_wrong += 1
@@ -296,7 +335,7 @@ class Witness:
         terminal = triple(info["terminal_observation"]) if "terminal_observation" in info else None
         if MARKER in info:
             reason = str(info[MARKER]["reason"])
-            self.markers.append((i, reason))
+            self.markers.append((i, reason, int(info[MARKER]["restarts"])))
             # moved: its step happened, then a fresh env; else its step never happened. A fresh env
             # hands out its first observation, or the one after its first step when it was rebuilt
             # outside a step (docs/fault-tolerance.md, "What the learner sees")
@@ -324,7 +363,7 @@ class Witness:
             made = ((i, 0, 0) if i in self.fresh else (i, ep + 1, 0), 0.0) if resets else ((i, ep, t + 1), 1.0)
             if marked[k]:
                 reason = str(info[MARKER]["reason"][k])
-                self.markers.append((i, reason))
+                self.markers.append((i, reason, int(info[MARKER]["restarts"][k])))
                 # moved: the row of the step it made (a reset row too); else its last row again
                 # (its step never happened)
                 expected, expected_reward = made if reason == "moved" else (last, 0.0)
@@ -603,7 +642,7 @@ class Run:
                 record["settled_in"] = self.settle(stepper, env)
             self.sample(env, force=True)
             record["groups_at_end"] = [{"worker": g["worker"], "envs": g["envs"]} for g in env.groups]
-            record.update(self.restarts(env, witness, faults))
+            record.update(self.restarts(env, witness, faults, face))
         finally:
             if injector is not None:  # a stopped run ends its fault first: a freeze resumed, a kill replaced
                 injector.stop_event.set()
@@ -646,12 +685,10 @@ class Run:
             stepper.advance()
         return round(time.monotonic() - start, 1)
 
-    def restarts(self, env: Any, witness: Witness, faults: list[Fault]) -> dict[str, Any]:
+    def restarts(self, env: Any, witness: Witness, faults: list[Fault], face: str) -> dict[str, Any]:
         """The restarts the caller was told of, against the ledger and against the faults."""
         log = list(env.restart_log)
-        ledger = sorted((int(e["env"]), str(e["reason"])) for e in log)
         counts = [int(c) for c in env.restart_counts]
-        told = Counter(i for i, _ in witness.markers)
         # a restart daskvec did not cause on purpose must come from a worker a fault hit
         unexplained = [e for e in log if e["reason"] != "moved" and e.get("from_worker") not in self.faulted]
         kills_unrebuilt = [
@@ -661,12 +698,13 @@ class Run:
             and f.envs
             and not set(f.envs) <= {e["env"] for e in log if e.get("from_worker") == f.worker}
         ]
+        told = told_against_ledger(witness.markers, log, counts, each_at_its_own_step=face != "ppo")
         return {
             "markers": len(witness.markers),
-            "markers_by_reason": dict(Counter(r for _, r in witness.markers)),
-            "ledger": len(ledger),
-            "markers_match_ledger": sorted(witness.markers) == ledger
-            and all(told[i] == c for i, c in enumerate(counts)),
+            "markers_by_reason": dict(Counter(r for _, r, _ in witness.markers)),
+            "ledger": len(log),
+            "markers_match_ledger": told["ok"],
+            "told_against_ledger": told,
             "restart_counts": counts,
             "unexplained_restarts": unexplained,
             "kills_not_rebuilt": kills_unrebuilt,
@@ -862,6 +900,8 @@ def summarize(run: Run, leftovers: dict[str, Any], live: list[str]) -> dict[str,
         "faults_skipped": [f for f in faults if f["skipped"]],
         "restarts_told": sum(ph["markers"] for ph in run.phases),
         "restarts_in_ledger": sum(ph["ledger"] for ph in run.phases),
+        # rebuilds in a worker-side rollout lost again before they stepped: told by the next marker
+        "restarts_superseded": sum(len(ph["told_against_ledger"]["superseded"]) for ph in run.phases),
         "restarts_by_reason": dict(sum((Counter(ph["markers_by_reason"]) for ph in run.phases), Counter())),
         "longest_call_s": longest,
         "longest_call_where": run.longest,
@@ -894,8 +934,12 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"  faults injected               {result['faults_injected']} (freezes held {result['freeze_holds']} s)")
     print(
         f"  restarts told / in ledger     {result['restarts_told']} / {result['restarts_in_ledger']} "
-        f"{result['restarts_by_reason']}"
+        f"{result['restarts_by_reason']}; superseded in a rollout (counted by the next marker) "
+        f"{result['restarts_superseded']}"
     )
+    for ph in result["phases"]:
+        for problem in ph["told_against_ledger"]["problems"][:3]:
+            print(f"    phase {ph['phase']} ({ph['face']}): {problem}")
     print(
         f"  longest call (s)              {result['longest_call_s']} (bound {result['bound_s']:g}; "
         f"collect {result['collect_bound_s']:g} plus the median {result['median_collect_s']})"

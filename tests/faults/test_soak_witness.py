@@ -1,16 +1,18 @@
-"""The soak's witness (``benchmarks.soak.Witness``) on hand-made Gymnasium rows, as docs/gymnasium.md describes them."""
+"""The soak's checks on hand-made data: the witness (``benchmarks.soak.Witness``) on Gymnasium rows as
+docs/gymnasium.md describes them, and the markers against the ledger as docs/rollouts.md describes them."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.soak import MARKER, Witness
+from benchmarks.soak import MARKER, Witness, told_against_ledger
 
 HORIZON = 3
 
 
 def batch(rows: list[tuple[int, int, int]], rewards: list[float], trunc: list[bool], moved: list[bool]) -> tuple:
-    info = {"_" + MARKER: np.array(moved), MARKER: {"reason": np.array(["moved" if m else "" for m in moved])}}
+    marker = {"reason": np.array(["moved" if m else "" for m in moved]), "restarts": np.array(moved, dtype=int)}
+    info = {"_" + MARKER: np.array(moved), MARKER: marker}
     obs = np.array(rows, dtype=np.float32)
     return obs, np.array(rewards), np.zeros(len(rows), dtype=bool), np.array(trunc), info
 
@@ -37,3 +39,39 @@ def test_a_moved_row_that_is_not_the_step_the_env_made_is_wrong() -> None:
     w = stepped_to_the_horizon()
     w.gym(*batch([(0, 0, HORIZON + 1)], [1.0], [True], [True]))  # a step past the horizon: never made
     assert w.n_wrong == 1, w.wrong
+
+
+def entry(env: int, reason: str) -> dict[str, object]:
+    return {"env": env, "reason": reason, "from_worker": "tcp://a:1", "worker": "tcp://b:1", "step": 0}
+
+
+LOST_TWICE = [entry(0, "worker_lost"), entry(0, "worker_lost")]
+
+
+def test_stepping_tells_every_rebuild_at_a_step_of_its_own() -> None:
+    markers = [(0, "worker_lost", 1), (0, "worker_lost", 2), (1, "moved", 1)]
+    log = [*LOST_TWICE, entry(1, "moved")]
+    assert told_against_ledger(markers, log, [2, 1], each_at_its_own_step=True)["ok"]
+    # one rebuild the caller never heard of
+    told = told_against_ledger(markers[1:], log, [2, 1], each_at_its_own_step=True)
+    assert not told["ok"] and told["superseded"] == [(0, "worker_lost")], told
+
+
+def test_a_rollout_tells_a_rebuild_lost_again_by_the_next_marker_of_its_env() -> None:
+    """docs/rollouts.md: one marker per env at the first step, ``restarts`` counting every rebuild."""
+    told = told_against_ledger([(0, "worker_lost", 2)], LOST_TWICE, [2], each_at_its_own_step=False)
+    assert told["ok"] and told["superseded"] == [(0, "worker_lost")], told
+    # stepping, the same would be a rebuild never told
+    assert not told_against_ledger([(0, "worker_lost", 2)], LOST_TWICE, [2], each_at_its_own_step=True)["ok"]
+
+
+def test_markers_that_do_not_add_up_to_the_ledger_fail() -> None:
+    rollout = {"each_at_its_own_step": False}
+    # the last rebuild never told: the markers count to 1 of 2
+    assert not told_against_ledger([(0, "worker_lost", 1)], LOST_TWICE, [2], **rollout)["ok"]
+    # a marker the ledger does not hold
+    assert not told_against_ledger([(0, "moved", 2)], LOST_TWICE, [2], **rollout)["ok"]
+    # a ledger short of restart_counts
+    assert not told_against_ledger([(0, "worker_lost", 2)], LOST_TWICE[:1], [2], **rollout)["ok"]
+    # one rebuild told twice
+    assert not told_against_ledger([(0, "worker_lost", 2), (0, "worker_lost", 2)], LOST_TWICE, [2], **rollout)["ok"]
