@@ -63,6 +63,15 @@ CASES: dict[str, tuple[str, str, str, int | None]] = {
     "dasksac-ahead": ("Pendulum-v1", "dasksac", "dask", 1),
 }
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -250.0}
+#: daskvec's logger keys of who waited for whom (docs/rollouts.md), summed over a run
+SPLIT_KEYS = ("learner_wait_s", "learner_busy_s", "envs_busy_s", "envs_idle_s")
+
+
+def algo_is_daskvec(case: str) -> bool:
+    """Whether ``case`` trains one of daskvec's learners (collecting on the workers)."""
+    return CASES[case][1].startswith("dask")
+
+
 N_ENVS = {"CartPole-v1": 8, "Pendulum-v1": 4}
 
 
@@ -125,6 +134,7 @@ def _run_case(
     env_id = CASES[case][0]
     goal: float = THRESHOLDS[env_id] if threshold is None else threshold
     curve: list[tuple[float, int, float]] = []
+    split = dict.fromkeys(SPLIT_KEYS, 0.0)
     paused = [0.0]
     started = time.perf_counter()
 
@@ -132,8 +142,16 @@ def _run_case(
         def __init__(self) -> None:
             super().__init__()
             self.next = eval_every
+            self.fresh = False
 
         def _on_step(self) -> bool:
+            if self.fresh:
+                # daskvec's learners log who waited for whom as a rollout arrives, before its first
+                # step (SB3's own learners log none of it); counted here, as a run may stop mid-rollout
+                self.fresh = False
+                logged = self.model.logger.name_to_value
+                for key in SPLIT_KEYS:
+                    split[key] += float(logged.get(f"daskvec/{key}", 0.0))
             if self.num_timesteps < self.next:
                 return True
             self.next += eval_every
@@ -143,6 +161,9 @@ def _run_case(
             paused[0] += time.perf_counter() - t0
             curve.append((elapsed, self.num_timesteps, score))
             return score < goal
+
+        def _on_rollout_start(self) -> None:
+            self.fresh = True
 
     model = _make_model(case, seed, env_delay, client)
     env = model.get_env()
@@ -160,6 +181,8 @@ def _run_case(
         "seconds": None if reached is None else round(reached[0], 3),
         "steps": None if reached is None else reached[1],
         "curve": [{"seconds": round(s, 3), "steps": n, "return": round(r, 2)} for s, n, r in curve],
+        # the run's sums of daskvec's per-rollout logger keys (None for SB3's own learners)
+        "time_split": {k: round(v, 3) for k, v in split.items()} if algo_is_daskvec(case) else None,
     }
 
 
@@ -226,6 +249,15 @@ def format_time_to_reward_table(result: dict[str, Any]) -> str:
         f"seeds {result['seeds']}; wall seconds, construction included, evaluations excluded)",
         f"{'case':<15}{'median s':>10}{'ratio':>8}  runs",
     ]
+    splits: list[str] = []
+    for case in result["median_seconds"]:
+        rows = [r["time_split"] for r in result["runs"] if r["case"] == case and r.get("time_split")]
+        if rows:
+            med = {k: float(np.median([row[k] for row in rows])) for k in SPLIT_KEYS}
+            splits.append(
+                f"  {case}: envs busy {med['envs_busy_s']:.1f} s, idle {med['envs_idle_s']:.1f} s; "
+                f"learner busy {med['learner_busy_s']:.1f} s, waiting {med['learner_wait_s']:.1f} s (medians)"
+            )
     for case, median in result["median_seconds"].items():
         runs = [r["seconds"] for r in result["runs"] if r["case"] == case]
         shown = " ".join("never" if s is None else f"{s:.1f}" for s in runs)
@@ -234,6 +266,8 @@ def format_time_to_reward_table(result: dict[str, Any]) -> str:
             f"{case:<15}{'-' if median is None else f'{median:.1f}':>10}{'-' if ratio is None else f'{ratio:.2f}':>8}"
             f"  {shown}"
         )
+    if splits:
+        lines += ["who waited for whom, over each run (daskvec's logger keys):", *splits]
     return "\n".join(lines)
 
 

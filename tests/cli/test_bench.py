@@ -856,12 +856,13 @@ def test_time_to_reward_times_each_case_until_its_threshold(tmp_path: Path) -> N
         assert len(run["curve"]) == 1, "a run goes on after reaching the threshold"
         first = run["curve"][0]
         assert first["steps"] == 256 and run["seconds"] == first["seconds"] > 0 and run["steps"] == 256
+        assert run["time_split"]["envs_busy_s"] > 0, run["time_split"]  # daskvec's logger keys, summed
     for case in ("daskppo", "daskppo-ahead"):
         times = [r["seconds"] for r in res["runs"] if r["case"] == case]
         assert res["median_seconds"][case] == pytest.approx(statistics.median(times))
     assert res["ratio_to_first"]["daskppo"] == 1.0
     table = format_time_to_reward_table(res)
-    assert "daskppo-ahead" in table and "median s" in table
+    assert "daskppo-ahead" in table and "median s" in table and "who waited for whom" in table
     never = run_time_to_reward(["daskppo"], [0], eval_every=256, eval_episodes=1, max_steps=512, threshold=1e9)
     assert never["median_seconds"] == {"daskppo": None} and len(never["runs"][0]["curve"]) == 2
 
@@ -891,6 +892,7 @@ def test_time_to_reward_steps_the_envs_on_emulated_hosts_at_the_round_trip_asked
     stepped_on = {w.rsplit(":", 1)[0].split("://")[1] for w in dask_run["workers"]}
     assert stepped_on and stepped_on <= set(res["hosts"]), (dask_run["workers"], res["hosts"])
     assert dummy_run["workers"] == [] and dask_run["seconds"] is not None
+    assert dummy_run["time_split"] is None and dask_run["time_split"]["envs_busy_s"] > 0
     assert "2 emulated hosts at 2 ms" in format_time_to_reward_table(res)
     with pytest.raises(ValueError, match="scheduler or rtt_ms"):
         run_time_to_reward(["daskppo"], [0], scheduler="tcp://127.0.0.1:1", rtt_ms=2.0)
