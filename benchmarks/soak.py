@@ -139,33 +139,39 @@ def told_against_ledger(
     """Whether the markers the caller saw account for every rebuild in the ledger.
 
     ``markers``: ``(env, reason, restarts)`` in the order seen; ``log``: ``restart_log``;
-    ``counts``: ``restart_counts``. Every env's markers count up to its ``restart_counts``
-    (``restarts`` strictly increasing, the last equal to it), the ledger holds one entry
-    per rebuild, and each marker's reason is one of the ledger's for that env. Stepping
-    (``each_at_its_own_step``), each rebuild is told at a step of its own: the markers are
-    the ledger, one for one. In a worker-side rollout, a rebuild whose group was lost again
-    before it returned a step is told by the next marker of its env, whose ``restarts``
-    counts both (docs/rollouts.md); those are counted as ``superseded``.
+    ``counts``: ``restart_counts``. The ledger holds one entry per rebuild, env ``i``'s
+    ``k``-th being its rebuild number ``k`` (the marker's ``restarts``). Every marker names
+    a rebuild of the ledger, with its reason, each at most once and in order, and every
+    env's last rebuild is told. Stepping (``each_at_its_own_step``), every rebuild is told
+    at a step of its own. In a worker-side rollout, a rebuild whose group was lost again
+    before it returned a step is told by the env's next marker, whose ``restarts`` counts
+    both (docs/rollouts.md): an untold rebuild is accepted only when the next one of its
+    env happened in the same collection (the ledger's ``step`` does not move during a
+    collection); those are counted as ``superseded``.
     """
-    by_env: dict[int, list[int]] = {}
-    for i, _, restarts in markers:
-        by_env.setdefault(i, []).append(restarts)
-    ledger = Counter((int(e["env"]), str(e["reason"])) for e in log)
     problems: list[str] = []
+    superseded: list[tuple[int, str]] = []
     for i, count in enumerate(counts):
-        seen = by_env.get(i, [])
-        if seen != sorted(set(seen)) or (seen[-1] if seen else 0) != count:
-            problems.append(f"env {i}: markers counted {seen}, restart_counts {count}")
-        in_log = sum(n for (j, _), n in ledger.items() if j == i)
-        if in_log != count:
-            problems.append(f"env {i}: {in_log} ledger entries, restart_counts {count}")
-    told = Counter((i, reason) for i, reason, _ in markers)
-    if told - ledger:
-        problems.append(f"told but not in the ledger: {sorted((told - ledger).elements())}")
-    superseded = ledger - told
-    if each_at_its_own_step and superseded:
-        problems.append(f"in the ledger but never told: {sorted(superseded.elements())}")
-    return {"ok": not problems, "problems": problems[:20], "superseded": sorted(superseded.elements())}
+        entries = [e for e in log if int(e["env"]) == i]
+        if len(entries) != count:
+            problems.append(f"env {i}: {len(entries)} ledger entries, restart_counts {count}")
+            continue
+        seen = [(reason, restarts) for j, reason, restarts in markers if j == i]
+        numbers = [restarts for _, restarts in seen]
+        if numbers != sorted(set(numbers)) or not all(1 <= n <= count for n in numbers):
+            problems.append(f"env {i}: markers counted {numbers}, restart_counts {count}")
+            continue
+        for reason, n in seen:
+            if entries[n - 1]["reason"] != reason:
+                problems.append(f"env {i}: rebuild {n} told as {reason!r}, in the ledger {entries[n - 1]['reason']!r}")
+        for n in sorted(set(range(1, count + 1)) - set(numbers)):
+            entry, following = entries[n - 1], entries[n] if n < count else None
+            in_one_collection = following is not None and following.get("step") == entry.get("step")
+            if each_at_its_own_step or not in_one_collection:
+                problems.append(f"env {i}: rebuild {n} ({entry['reason']}, step {entry.get('step')}) never told")
+            else:
+                superseded.append((i, str(entry["reason"])))
+    return {"ok": not problems, "problems": problems[:20], "superseded": superseded}
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -193,15 +199,21 @@ class LocalProcesses:
             ],
             "scheduler",
         )
-        deadline = time.monotonic() + timeout
+        try:
+            self._start(scheduler_file, n_workers)
+        except BaseException:  # a stop (or a failure) while starting: end what was started
+            self.stop()
+            raise
+
+    def _start(self, scheduler_file: Path, n_workers: int) -> None:
+        deadline = time.monotonic() + self.timeout
         while True:  # the scheduler picks its port (0) and writes its address in the file
             try:
                 self.address = str(json.loads(scheduler_file.read_text())["address"])
                 break
             except (OSError, ValueError, KeyError):  # not written yet, or half written
                 if self.scheduler.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"dask scheduler did not start; see {workdir}") from None
+                    raise RuntimeError(f"dask scheduler did not start; see {self.workdir}") from None
                 time.sleep(0.1)
         for _ in range(n_workers):
             self.add_worker()
@@ -1002,12 +1014,19 @@ def soak(opts: Options, workdir: Path) -> dict[str, Any]:
 
 
 class Stopped(BaseException):
-    """The soak was told to stop (SIGTERM, SIGHUP) before its time was up."""
+    """The soak was told to stop (SIGTERM, SIGHUP, SIGINT) before its time was up."""
+
+
+#: The signals that stop the soak, and the first that came (its clean-up runs once).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_stopped_by: list[signal.Signals] = []
 
 
 def _stop(signum: int, frame: Any) -> None:
-    # A second signal must not interrupt the clean-up the first one started.
-    signal.signal(signum, signal.SIG_IGN)
+    # No later signal, of any of the three, may interrupt the clean-up the first one starts.
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    _stopped_by.append(signal.Signals(signum))
     raise Stopped(signal.Signals(signum).name)
 
 
@@ -1023,14 +1042,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # the learner shares the machine with the workers it measures
     workdir = Path(tempfile.mkdtemp(prefix="daskvec-soak-"))
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _stop)
     try:
         result = soak(opts, workdir)
-    except (Stopped, KeyboardInterrupt) as stop:
-        name = str(stop) or "SIGINT"
-        logger.warning("stopped by %s; its processes are ended; logs: %s", name, workdir)
-        return 128 + signal.Signals[name].value
+    except BaseException:
+        # whatever the signal's exception became on its way out (a vec env in the middle of a
+        # recovery turns an interruption into its own error), the run was stopped, not failed
+        if not _stopped_by:
+            raise
+        logger.warning("stopped by %s; its processes are ended; logs: %s", _stopped_by[0].name, workdir)
+        return 128 + _stopped_by[0].value
     print_report(result)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

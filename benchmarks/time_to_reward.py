@@ -143,6 +143,7 @@ def _run_case(
             super().__init__()
             self.next = eval_every
             self.fresh = False
+            self.evaluating = 0.0  # seconds of evaluation since the last rollout arrived
 
         def _on_step(self) -> bool:
             if self.fresh:
@@ -152,6 +153,10 @@ def _run_case(
                 logged = self.model.logger.name_to_value
                 for key in SPLIT_KEYS:
                     split[key] += float(logged.get(f"daskvec/{key}", 0.0))
+                # the envs stood still during the evaluations too, which are off the clock
+                if "daskvec/envs_idle_s" in logged:
+                    split["envs_idle_s"] -= min(self.evaluating, float(logged["daskvec/envs_idle_s"]))
+                self.evaluating = 0.0
             if self.num_timesteps < self.next:
                 return True
             self.next += eval_every
@@ -159,6 +164,7 @@ def _run_case(
             elapsed = t0 - started - paused[0]  # the wall clock so far, without the evaluations before
             score = evaluate(self.model, env_id, eval_episodes, seed=10_000 + seed)
             paused[0] += time.perf_counter() - t0
+            self.evaluating += time.perf_counter() - t0
             curve.append((elapsed, self.num_timesteps, score))
             return score < goal
 
@@ -167,17 +173,20 @@ def _run_case(
 
     model = _make_model(case, seed, env_delay, client)
     env = model.get_env()
-    # where the envs stepped: the emulated hosts' workers when rtt_ms is given
-    workers = sorted({str(g["worker"]) for g in env.groups}) if CASES[case][2] == "dask" else []
+    # where the envs were placed, at the start and at the end: the emulated hosts' workers when rtt_ms is given
+    dask = CASES[case][2] == "dask"
+    workers = {str(g["worker"]) for g in env.groups} if dask else set()
     try:
         model.learn(max_steps, callback=_Evaluate())
+        if dask:
+            workers |= {str(g["worker"]) for g in env.groups}
     finally:
         env.close()
     reached = next((c for c in curve if c[2] >= goal), None)
     return {
         "case": case,
         "seed": seed,
-        "workers": workers,
+        "workers": sorted(workers),
         "seconds": None if reached is None else round(reached[0], 3),
         "steps": None if reached is None else reached[1],
         "curve": [{"seconds": round(s, 3), "steps": n, "return": round(r, 2)} for s, n, r in curve],

@@ -52,7 +52,9 @@ def test_a_minute_of_faults_through_every_face_keeps_every_invariant(tmp_path: P
         kinds = {f["kind"] for f in ph["faults"] if not f["skipped"]}
         assert {"kill", "freeze"} <= kinds, (ph["face"], ph["faults"])
         told = ph["told_against_ledger"]
-        assert ph["markers_match_ledger"] and ph["markers"] + len(told["superseded"]) == ph["ledger"] > 0, ph
+        assert ph["markers_match_ledger"] and not told["problems"] and ph["ledger"] > 0, ph
+        # only a worker-side collection may tell two rebuilds of an env with one marker
+        assert not told["superseded"] or ph["face"] == "ppo", ph
     holds = result["freeze_holds"]
     assert any(h > STEP_TIMEOUT for h in holds) and any(h < STEP_TIMEOUT for h in holds), holds
     # every row of the run was checked, and the run stepped through its faults
