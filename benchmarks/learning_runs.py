@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["alternated", "evaluate", "learning_client"]
+__all__ = ["alternated", "episode_returns", "evaluate", "learning_client"]
 
 Case = TypeVar("Case")
 
@@ -72,11 +72,11 @@ def learning_client(scheduler: str | None = None, rtt_ms: float | None = None) -
         yield client, hosts
 
 
-def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
-    """The mean return of ``episodes`` deterministic episodes on a seeded ``env_id`` of its own.
+def episode_returns(model: Any, env_id: str, episodes: int, seed: int) -> list[float]:
+    """The returns of ``episodes`` deterministic episodes on a seeded ``env_id`` of its own.
 
     The env is wrapped in a ``Monitor``, as SB3's ``evaluate_policy`` expects (the returns
-    are the episodes' own).
+    are the episodes' own). The tests' learning checks use it too.
     """
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
@@ -89,4 +89,9 @@ def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
         )
     finally:
         env.close()
-    return float(np.mean(rewards))
+    return [float(r) for r in rewards]  # type: ignore[union-attr]  # a list: return_episode_rewards=True
+
+
+def evaluate(model: Any, env_id: str, episodes: int, seed: int) -> float:
+    """The mean of :func:`episode_returns`: the one evaluation of the learning benchmarks."""
+    return float(np.mean(episode_returns(model, env_id, episodes, seed)))

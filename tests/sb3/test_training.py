@@ -5,17 +5,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from scripted_envs import random_cartpole_return
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from benchmarks.learning_runs import episode_returns
 from daskvec import DaskVecEnv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -23,15 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def evaluate(model: Any, env_id: str = "CartPole-v1", episodes: int = 10, seed: int = 1000) -> list[float]:
     """Deterministic evaluation on a local env with a fixed seed: returns each episode's reward."""
-    eval_env = Monitor(gym.make(env_id))
-    eval_env.reset(seed=seed)
-    try:
-        rewards, _ = evaluate_policy(
-            model, eval_env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
-        )
-    finally:
-        eval_env.close()
-    return [float(r) for r in rewards]
+    return episode_returns(model, env_id, episodes, seed)
 
 
 # --------------------------------------------------------------------------- every algorithm runs
