@@ -85,6 +85,7 @@ class Fault:
     worker: str | None = None
     pid: int | None = None
     envs: list[int] = field(default_factory=list)  # the envs the worker held then
+    ledger_at: int | None = None  # entries in the restart ledger just before the fault
     replacement: str | None = None
     skipped: str | None = None
 
@@ -172,6 +173,26 @@ def told_against_ledger(
             else:
                 superseded.append((i, str(entry["reason"])))
     return {"ok": not problems, "problems": problems[:20], "superseded": superseded}
+
+
+def kill_not_rebuilt(fault: Fault, log: Sequence[dict[str, Any]]) -> list[int]:
+    """The envs of a killed worker that no rebuild after the kill accounts for.
+
+    ``fault.envs`` are the envs ``env.groups`` placed on the worker at the kill, which
+    include a group still being built there (a rebuild under way). The ledger records a
+    rebuild when it has finished, so each of those envs' first entry after the kill
+    (``fault.ledger_at``) must exist: a rebuild from the killed worker, or, for an env that
+    was on its way to it, the rebuild under way, finished on another worker.
+    """
+    start = fault.ledger_at or 0
+    missing = []
+    for i in fault.envs:
+        after = [e for e in log[start:] if int(e["env"]) == i]
+        lost_with_it = any(e.get("from_worker") == fault.worker for e in after)
+        went_elsewhere = bool(after) and fault.worker not in (after[0].get("from_worker"), after[0].get("worker"))
+        if not (lost_with_it or went_elsewhere):
+            missing.append(i)
+    return missing
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -458,12 +479,14 @@ class Injector(threading.Thread):
 
     def inject(self, fault: Fault) -> None:
         run = self.run_
+        ledger_at = len(self.env.restart_log)  # before the holders: a rebuild may end meanwhile
         held = self.holders()
         if not held:
             fault.skipped = "no worker held envs"
             return
         fault.worker = run.rng.choice(sorted(held))
         fault.pid, fault.envs = held[fault.worker]
+        fault.ledger_at = ledger_at
         fault.started = time.monotonic() - run.t0
         run.faulted.add(fault.worker)
         logger.info(
@@ -704,11 +727,9 @@ class Run:
         # a restart daskvec did not cause on purpose must come from a worker a fault hit
         unexplained = [e for e in log if e["reason"] != "moved" and e.get("from_worker") not in self.faulted]
         kills_unrebuilt = [
-            {"worker": f.worker, "envs": f.envs}
+            {"worker": f.worker, "envs": f.envs, "not_rebuilt": missing}
             for f in faults
-            if f.kind == "kill"
-            and f.envs
-            and not set(f.envs) <= {e["env"] for e in log if e.get("from_worker") == f.worker}
+            if f.kind == "kill" and (missing := kill_not_rebuilt(f, log))
         ]
         told = told_against_ledger(witness.markers, log, counts, each_at_its_own_step=face != "ppo")
         return {
@@ -720,6 +741,7 @@ class Run:
             "restart_counts": counts,
             "unexplained_restarts": unexplained,
             "kills_not_rebuilt": kills_unrebuilt,
+            "restart_log": log,
         }
 
     # -------------------------------------------------------------- after the run

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.soak import MARKER, Witness, told_against_ledger
+from benchmarks.soak import MARKER, Fault, Witness, kill_not_rebuilt, told_against_ledger
 
 HORIZON = 3
 
@@ -85,3 +85,32 @@ def test_a_rollout_may_not_drop_the_marker_of_a_rebuild_that_stepped() -> None:
     log = [entry(0, "worker_lost", step=0), entry(0, "worker_lost", step=16)]
     told = told_against_ledger([(0, "worker_lost", 2)], log, [2], each_at_its_own_step=False)
     assert not told["ok"] and "rebuild 1" in told["problems"][0], told
+
+
+def rebuild(env: int, from_worker: str, worker: str) -> dict[str, object]:
+    return {"env": env, "reason": "worker_lost", "from_worker": from_worker, "worker": worker, "step": 0}
+
+
+def killed(envs: list[int], ledger_at: int) -> Fault:
+    return Fault(phase=0, at=0.0, kind="kill", worker="tcp://k:1", envs=envs, ledger_at=ledger_at)
+
+
+def test_every_env_of_a_killed_worker_is_rebuilt_from_it() -> None:
+    log = [
+        rebuild(0, "tcp://a:1", "tcp://k:1"),
+        rebuild(0, "tcp://k:1", "tcp://b:1"),
+        rebuild(1, "tcp://k:1", "tcp://b:1"),
+    ]
+    assert kill_not_rebuilt(killed([0, 1], ledger_at=1), log) == []
+    assert kill_not_rebuilt(killed([0, 1, 2], ledger_at=1), log) == [2]  # env 2 never rebuilt
+    # a rebuild from the killed worker before the kill does not count for the kill
+    assert kill_not_rebuilt(killed([0], ledger_at=1), [rebuild(0, "tcp://k:1", "tcp://b:1")]) == [0]
+
+
+def test_an_env_on_its_way_to_the_killed_worker_counts_when_its_rebuild_ends_elsewhere() -> None:
+    """env.groups lists a group still being built on a worker; killed, that rebuild ends on
+    another worker and the ledger names the worker the env came from (seen in a 30-minute soak)."""
+    log = [rebuild(1, "tcp://a:1", "tcp://b:1")]
+    assert kill_not_rebuilt(killed([1], ledger_at=0), log) == []
+    # but a rebuild that ended on the killed worker leaves the env there, lost with it
+    assert kill_not_rebuilt(killed([1], ledger_at=0), [rebuild(1, "tcp://a:1", "tcp://k:1")]) == [1]
