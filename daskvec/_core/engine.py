@@ -251,7 +251,8 @@ class Engine:
 
         A lost or unreachable scheduler becomes :class:`~daskvec.errors.SchedulerLostError`;
         a failure that is neither a lost worker nor a lost scheduler (an interrupted or
-        failed rebuild leaves groups half placed) a :class:`~daskvec.errors.DaskVecEnvError`.
+        failed rebuild leaves groups half placed) a :class:`~daskvec.errors.DaskVecEnvError`;
+        the caller's own stop (``KeyboardInterrupt``, ``SystemExit``) is raised as itself.
         Once broken, no call hands out observations again (:meth:`check`).
         """
         try:
@@ -268,7 +269,9 @@ class Engine:
             return e
         if getattr(self.client, "status", "running") not in ("running", "newly-created"):
             return _dask.scheduler_lost(self.client, e)
-        if isinstance(e, KeyboardInterrupt):
+        if not isinstance(e, Exception):
+            # Ctrl-C, a signal handler's sys.exit(): the caller's own stop, raised as itself
+            # (the engine is broken all the same)
             return e
         return DaskVecEnvError(
             f"daskvec could not recover its env groups ({type(e).__name__}: {e}); this vec env is broken: "

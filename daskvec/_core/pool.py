@@ -174,7 +174,16 @@ class GroupPool:
             while pending:
                 attempt = [self._submit(indices, worker, history) for indices, worker in pending]
                 retry: list[list[int]] = []
+                # a worker that failed one group of this attempt is bad for the spawn: its other
+                # groups are tried elsewhere at once, not each waited for (a second a group on a dead worker)
+                failed: dict[str, list[list[int]]] = {}
                 for indices, worker, token, key, fut in attempt:
+                    if worker in failed:
+                        with contextlib.suppress(Exception):
+                            fut.cancel()
+                        failed[worker].append(indices)
+                        retry.append(indices)
+                        continue
                     try:
                         created.append(self._connect(indices, worker, token, key, fut, deadline))
                     except Exception as e:
@@ -201,11 +210,15 @@ class GroupPool:
                         with contextlib.suppress(Exception):
                             fut.cancel()
                         bad.add(worker)
+                        failed[worker] = []
                         if isinstance(e, TimeoutError):  # alive but not answering: do not try it again soon
                             self.directory.quarantine(
                                 worker, f"did not create an env group within {self.options.timeout:.0f}s"
                             )
                         retry.append(indices)
+                for worker, skipped in failed.items():
+                    if skipped:
+                        logger.warning("not creating env groups %s on %s either; trying other workers", skipped, worker)
                 if retry and time.monotonic() > deadline:
                     lost = [i for r in retry for i in r]
                     raise WorkerLostError(f"could not place envs {lost} on any worker", env_indices=lost, worker="")

@@ -867,3 +867,25 @@ def test_a_worker_that_timed_out_takes_its_envs_back_when_it_is_the_only_one() -
             assert obs[:, 0].tolist() == [1, 1] and not dones.any()
         finally:
             venv.close()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(3)])
+def test_a_stop_during_recovery_is_raised_as_itself_and_breaks_the_vec_env(dclient: Any, stop: BaseException) -> None:
+    """A Ctrl-C or a signal handler's sys.exit() while daskvec recovers: the caller's own stop comes
+    out, not a DaskVecEnvError; groups may be half placed, so the vec env refuses to step after it."""
+    with DaskVecEnv(counting(2), client=dclient) as venv:
+        venv.reset()
+        with pytest.raises(type(stop)), venv._engine.fail_stop():
+            raise stop
+        with pytest.raises(DaskVecEnvError, match="close it and create a new one"):
+            venv.step(np.zeros(2, dtype=np.int64))
+
+
+def test_a_failure_during_recovery_breaks_the_vec_env_with_its_cause(dclient: Any) -> None:
+    with DaskVecEnv(counting(2), client=dclient) as venv:
+        venv.reset()
+        cause = r"could not recover its env groups \(RuntimeError: half placed\)"
+        with pytest.raises(DaskVecEnvError, match=cause), venv._engine.fail_stop():
+            raise RuntimeError("half placed")
+        with pytest.raises(DaskVecEnvError, match="close it and create a new one"):
+            venv.reset()
