@@ -176,21 +176,21 @@ def told_against_ledger(
 
 
 def kill_not_rebuilt(fault: Fault, log: Sequence[dict[str, Any]]) -> list[int]:
-    """The envs of a killed worker that no rebuild after the kill accounts for.
+    """The envs of a killed worker that the ledger does not show rebuilt elsewhere after the kill.
 
     ``fault.envs`` are the envs ``env.groups`` placed on the worker at the kill, which
     include a group still being built there (a rebuild under way). The ledger records a
-    rebuild when it has finished, so each of those envs' first entry after the kill
-    (``fault.ledger_at``) must exist: a rebuild from the killed worker, or, for an env that
-    was on its way to it, the rebuild under way, finished on another worker.
+    rebuild when it has finished. Each of those envs needs an entry after
+    ``fault.ledger_at`` (the ledger's length read just before the worker's envs were)
+    and its last such entry must leave it on another worker: a rebuild from the killed
+    worker, or, for an env that was on its way to it, that rebuild finished elsewhere. A
+    killed worker never comes back, so an env the ledger leaves on it is lost.
     """
     start = fault.ledger_at or 0
     missing = []
     for i in fault.envs:
         after = [e for e in log[start:] if int(e["env"]) == i]
-        lost_with_it = any(e.get("from_worker") == fault.worker for e in after)
-        went_elsewhere = bool(after) and fault.worker not in (after[0].get("from_worker"), after[0].get("worker"))
-        if not (lost_with_it or went_elsewhere):
+        if not after or after[-1].get("worker") == fault.worker:
             missing.append(i)
     return missing
 

@@ -12,8 +12,8 @@ Cases (RL Zoo's tuned hyperparameters, schedules made constant):
 - CartPole-v1 (threshold 475), PPO with 8 envs: ``ppo-dummy`` (SB3's PPO on
   ``DummyVecEnv``), ``ppo-subproc`` (on ``SubprocVecEnv``), ``ppo-dask`` (on ``DaskVecEnv``),
   ``daskppo`` (collecting on the workers) and ``daskppo-ahead`` (``collect_ahead=1``);
-- Pendulum-v1 (threshold -250), SAC with 4 envs: ``sac-dummy``, ``dasksac`` and
-  ``dasksac-ahead``.
+- Pendulum-v1 (threshold -250), SAC with 4 envs: ``sac-dummy``, ``sac-subproc``,
+  ``dasksac`` and ``dasksac-ahead``.
 
 ``env_delay`` adds a ``time.sleep`` to every env step: an env whose step waits (on a
 simulator in another process, a robot, a remote service) rather than computes. On one
@@ -59,6 +59,7 @@ CASES: dict[str, tuple[str, str, str, int | None]] = {
     "daskppo": ("CartPole-v1", "daskppo", "dask", 0),
     "daskppo-ahead": ("CartPole-v1", "daskppo", "dask", 1),
     "sac-dummy": ("Pendulum-v1", "sac", "dummy", None),
+    "sac-subproc": ("Pendulum-v1", "sac", "subproc", None),
     "dasksac": ("Pendulum-v1", "dasksac", "dask", 0),
     "dasksac-ahead": ("Pendulum-v1", "dasksac", "dask", 1),
 }

@@ -252,7 +252,8 @@ class Engine:
         A lost or unreachable scheduler becomes :class:`~daskvec.errors.SchedulerLostError`;
         a failure that is neither a lost worker nor a lost scheduler (an interrupted or
         failed rebuild leaves groups half placed) a :class:`~daskvec.errors.DaskVecEnvError`;
-        the caller's own stop (``KeyboardInterrupt``, ``SystemExit``) is raised as itself.
+        the caller's own stop (``KeyboardInterrupt``, ``SystemExit``) is raised as itself
+        (the engine is broken all the same, by a lost scheduler if the client says so).
         Once broken, no call hands out observations again (:meth:`check`).
         """
         try:
@@ -260,7 +261,7 @@ class Engine:
         except BaseException as e:
             err = self._failure(e)
             self.broken = err
-            if err is e:
+            if err is e or not isinstance(e, Exception):  # the caller's own stop, as itself
                 raise
             raise err from e
 
@@ -269,9 +270,7 @@ class Engine:
             return e
         if getattr(self.client, "status", "running") not in ("running", "newly-created"):
             return _dask.scheduler_lost(self.client, e)
-        if not isinstance(e, Exception):
-            # Ctrl-C, a signal handler's sys.exit(): the caller's own stop, raised as itself
-            # (the engine is broken all the same)
+        if not isinstance(e, Exception):  # Ctrl-C, a signal handler's sys.exit()
             return e
         return DaskVecEnvError(
             f"daskvec could not recover its env groups ({type(e).__name__}: {e}); this vec env is broken: "

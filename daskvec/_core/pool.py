@@ -174,17 +174,15 @@ class GroupPool:
             while pending:
                 attempt = [self._submit(indices, worker, history) for indices, worker in pending]
                 retry: list[list[int]] = []
-                # a worker that failed one group of this attempt is bad for the spawn: its other
-                # groups are tried elsewhere at once, not each waited for (a second a group on a dead worker)
-                failed: dict[str, list[list[int]]] = {}
+                # the first group to fail on a worker answers for the attempt's other groups there:
+                # they are not each waited for (a second a group on a dead worker), and a worker lost
+                # counts against every group that was being built on it (_check_crash)
+                failed: dict[str, Exception] = {}
+                skipped: dict[str, list[list[int]]] = {}
                 for indices, worker, token, key, fut in attempt:
-                    if worker in failed:
-                        with contextlib.suppress(Exception):
-                            fut.cancel()
-                        failed[worker].append(indices)
-                        retry.append(indices)
-                        continue
                     try:
+                        if worker in failed:
+                            raise failed[worker]
                         created.append(self._connect(indices, worker, token, key, fut, deadline))
                     except Exception as e:
                         if isinstance(e, SchedulerLostError):  # nowhere to place anything
@@ -204,21 +202,23 @@ class GroupPool:
                             if isinstance(e, EnvBuildError):  # daskvec's own words say what to do
                                 raise mark(e) from None
                             raise shorten(e, "fix the factory") from None
+                        with contextlib.suppress(Exception):
+                            fut.cancel()
+                        retry.append(indices)
+                        if worker in failed:
+                            skipped.setdefault(worker, []).append(indices)
+                            continue
                         logger.warning(
                             "could not create env group %s on %s (%s); trying another worker", indices, worker, e
                         )
-                        with contextlib.suppress(Exception):
-                            fut.cancel()
+                        failed[worker] = e
                         bad.add(worker)
-                        failed[worker] = []
                         if isinstance(e, TimeoutError):  # alive but not answering: do not try it again soon
                             self.directory.quarantine(
                                 worker, f"did not create an env group within {self.options.timeout:.0f}s"
                             )
-                        retry.append(indices)
-                for worker, skipped in failed.items():
-                    if skipped:
-                        logger.warning("not creating env groups %s on %s either; trying other workers", skipped, worker)
+                for worker, groups in skipped.items():
+                    logger.warning("not creating env groups %s on %s either; trying other workers", groups, worker)
                 if retry and time.monotonic() > deadline:
                     lost = [i for r in retry for i in r]
                     raise WorkerLostError(f"could not place envs {lost} on any worker", env_indices=lost, worker="")

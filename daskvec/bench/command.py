@@ -174,7 +174,7 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
             "default": ["ppo-dummy", "daskppo", "daskppo-ahead"],
             "metavar": "CASE[,CASE...]",
             "help": "time-to-reward: the cases, the first the ratios' reference (default ppo-dummy,daskppo,"
-            "daskppo-ahead; also ppo-subproc, ppo-dask, sac-dummy, dasksac, dasksac-ahead)",
+            "daskppo-ahead; also ppo-subproc, ppo-dask, sac-dummy, sac-subproc, dasksac, dasksac-ahead)",
         },
     ),
     (

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gymnasium as gym
@@ -17,6 +18,7 @@ import pytest
 from envs import BrokenStepEnv, CountingEnv, EnvCrashed, ReshapingEnv, SlowAttrEnv, SpaceEnv
 
 from daskvec import DaskVecEnv
+from daskvec._core.engine import Engine
 from daskvec.cluster.clients import scheduler_workers
 from daskvec.errors import (
     AlreadySteppingError,
@@ -24,6 +26,7 @@ from daskvec.errors import (
     DaskVecEnvError,
     EnvBuildError,
     NoAsyncCallError,
+    SchedulerLostError,
     StepTimeoutError,
     WorkerLostError,
 )
@@ -889,3 +892,14 @@ def test_a_failure_during_recovery_breaks_the_vec_env_with_its_cause(dclient: An
             raise RuntimeError("half placed")
         with pytest.raises(DaskVecEnvError, match="close it and create a new one"):
             venv.reset()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(3)])
+def test_a_stop_while_the_scheduler_is_lost_is_raised_as_itself(stop: BaseException) -> None:
+    """The client reconnecting when Ctrl-C comes: the stop is raised (code catching Exception must not
+    swallow it) and the engine stays broken by the lost scheduler."""
+    engine = SimpleNamespace(client=SimpleNamespace(status="connecting"), broken=None)
+    engine._failure = functools.partial(Engine._failure, engine)
+    with pytest.raises(type(stop)), Engine.fail_stop(engine):  # type: ignore[arg-type]
+        raise stop
+    assert isinstance(engine.broken, SchedulerLostError)

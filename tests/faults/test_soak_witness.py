@@ -114,3 +114,7 @@ def test_an_env_on_its_way_to_the_killed_worker_counts_when_its_rebuild_ends_els
     assert kill_not_rebuilt(killed([1], ledger_at=0), log) == []
     # but a rebuild that ended on the killed worker leaves the env there, lost with it
     assert kill_not_rebuilt(killed([1], ledger_at=0), [rebuild(1, "tcp://a:1", "tcp://k:1")]) == [1]
+    assert kill_not_rebuilt(killed([1], ledger_at=0), [rebuild(1, "tcp://k:1", "tcp://k:1")]) == [1]
+    # one that ended there just before the kill, and was rebuilt from it after
+    log = [rebuild(1, "tcp://a:1", "tcp://k:1"), rebuild(1, "tcp://k:1", "tcp://b:1")]
+    assert kill_not_rebuilt(killed([1], ledger_at=0), log) == []
