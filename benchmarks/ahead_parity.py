@@ -51,13 +51,13 @@ def bootstrap_difference(a: list[float], b: list[float], draws: int = 10_000, se
     return float(low), float(high)
 
 
-def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any) -> dict[str, Any]:
+def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any, timesteps: int) -> dict[str, Any]:
     from stable_baselines3.common.env_util import make_vec_env
 
     from daskvec.sb3 import DaskPPO, DaskSAC
     from daskvec.sb3.vec_env import DaskVecEnv
 
-    env_id, n_envs, timesteps, hyper = SETTINGS[algo]
+    env_id, n_envs, _, hyper = SETTINGS[algo]
     cls: Any = DaskPPO if algo == "ppo" else DaskSAC
     started = time.perf_counter()
     env = make_vec_env(
@@ -78,20 +78,26 @@ def _train(algo: str, ahead: int, seed: int, episodes: int, client: Any) -> dict
     return {"seed": seed, "collect_ahead": ahead, "mean_return": score, "wall_s": round(wall, 2)}
 
 
-def run_parity(algo: str, seeds: list[int], episodes: int = 20, out_path: Path | None = None) -> dict[str, Any]:
-    """Train ``algo`` synchronous and collecting ahead on every seed; the bootstrap test of their difference."""
+def run_parity(
+    algo: str, seeds: list[int], episodes: int = 20, out_path: Path | None = None, timesteps: int | None = None
+) -> dict[str, Any]:
+    """Train ``algo`` synchronous and collecting ahead on every seed; the bootstrap test of their difference.
+
+    ``timesteps`` replaces the algorithm's default (50,000 for PPO, 20,000 for SAC).
+    """
     runs: list[dict[str, Any]] = []
+    steps = SETTINGS[algo][2] if timesteps is None else timesteps
     with learning_client() as (client, _):
         for seed, ahead in alternated((0, 1), seeds):
-            runs.append(_train(algo, ahead, seed, episodes, client))
+            runs.append(_train(algo, ahead, seed, episodes, client, steps))
     sync = [r["mean_return"] for r in runs if r["collect_ahead"] == 0]
     ahead_ = [r["mean_return"] for r in runs if r["collect_ahead"] == 1]
     low, high = bootstrap_difference(sync, ahead_)
-    env_id, n_envs, timesteps, hyper = SETTINGS[algo]
+    env_id, n_envs, _, hyper = SETTINGS[algo]
     result = {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
-        "settings": {"algo": algo, "env": env_id, "n_envs": n_envs, "timesteps": timesteps, "episodes": episodes},
+        "settings": {"algo": algo, "env": env_id, "n_envs": n_envs, "timesteps": steps, "episodes": episodes},
         "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in hyper.items()},
         "runs": runs,
         "sync_mean": float(np.mean(sync)),
@@ -112,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", choices=sorted(SETTINGS), default="ppo")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0,1,2,3,4)")
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--timesteps", type=int, default=None, help="default: 50,000 (ppo), 20,000 (sac)")
     parser.add_argument("--out", default="bench-results/ahead-parity.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    res = run_parity(args.algo, [int(s) for s in args.seeds.split(",")], args.episodes, Path(args.out))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    res = run_parity(args.algo, seeds, args.episodes, Path(args.out), args.timesteps)
     logger.info(
         "%s: synchronous %.1f, ahead %.1f; 95%% interval of the difference [%.1f, %.1f]; within spread: %s",
         args.algo,

@@ -90,3 +90,27 @@ def test_no_text_says_subproc_is_faster_where_the_benchmark_says_otherwise() -> 
     for where, text in texts().items():
         for sentence in re.split(r"(?<=[.!?])\s+", text.replace("\n", " ")):
             assert not claim.search(sentence), f"{where}: {sentence}"
+
+
+def test_time_to_reward_figures_are_the_committed_runs() -> None:
+    """docs/rollouts.md's and docs/benchmark.md's time-to-reward medians are those of the JSON they name."""
+    results = ROOT / "benchmarks" / "results"
+    rtt = json.loads((results / "time-to-reward-delay-0.15ms-rtt-10ms.json").read_text())
+    cpu = json.loads((results / "time-to-reward-delay-0ms.json").read_text())
+    assert rtt["rtt_ms"] == 10 and rtt["env_delay"] == 0.00015 and len(rtt["seeds"]) == 20
+    med = {case: f"{m:.1f}" for case, m in rtt["median_seconds"].items()}
+    rollouts = (ROOT / "docs" / "rollouts.md").read_text()
+    rows = {
+        "ppo-dummy": "| PPO, `DummyVecEnv` |",
+        "ppo-subproc": "| PPO, `SubprocVecEnv` |",
+        "daskppo": "| DaskPPO |",
+        "daskppo-ahead": "| DaskPPO, `collect_ahead=1` |",
+    }
+    for case, row in rows.items():
+        assert f"{row} {med[case]} |" in rollouts.replace("**", ""), (case, med[case])
+    ratio = rtt["median_seconds"]["daskppo-ahead"] / rtt["median_seconds"]["daskppo"]
+    benchmark = (ROOT / "docs" / "benchmark.md").read_text()
+    assert f"| {' | '.join(med[c] for c in rows)} ({ratio:.2f}x DaskPPO) |" in benchmark.replace("**", "")
+    assert f"{ratio:.2f}x the synchronous median" in rollouts.replace("**", "")
+    ahead, sync = (f"{cpu['median_seconds'][c]:.1f}" for c in ("daskppo-ahead", "daskppo"))
+    assert f"{ahead} s against {sync} s" in benchmark
