@@ -114,3 +114,22 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
     assert f"{ratio:.2f}x the synchronous median" in rollouts.replace("**", "")
     ahead, sync = (f"{cpu['median_seconds'][c]:.1f}" for c in ("daskppo-ahead", "daskppo"))
     assert f"{ahead} s against {sync} s" in benchmark
+
+
+def test_dasksac_time_to_reward_figures_are_the_committed_run() -> None:
+    sac = json.loads((ROOT / "benchmarks" / "results" / "time-to-reward-sac-delay-5ms-rtt-10ms.json").read_text())
+    assert sac["rtt_ms"] == 10 and sac["env_delay"] == 0.005 and len(sac["seeds"]) == 5
+    med = {case: f"{m:.1f}" for case, m in sac["median_seconds"].items()}
+    ratio = sac["median_seconds"]["dasksac-ahead"] / sac["median_seconds"]["dasksac"]
+    rollouts = (ROOT / "docs" / "rollouts.md").read_text().replace("**", "")
+    rows = {
+        "sac-dummy": "| SAC, `DummyVecEnv` |",
+        "sac-subproc": "| SAC, `SubprocVecEnv` |",
+        "dasksac": "| DaskSAC |",
+        "dasksac-ahead": "| DaskSAC, `collect_ahead=1` |",
+    }
+    for case, row in rows.items():
+        assert f"{row} {med[case]} |" in rollouts, (case, med[case])
+    assert f"{ratio:.2f}x the synchronous median" in rollouts
+    benchmark = (ROOT / "docs" / "benchmark.md").read_text().replace("**", "")
+    assert f"| {' | '.join(med[c] for c in rows)} ({ratio:.2f}x DaskSAC) |" in benchmark
