@@ -92,44 +92,44 @@ def test_no_text_says_subproc_is_faster_where_the_benchmark_says_otherwise() -> 
             assert not claim.search(sentence), f"{where}: {sentence}"
 
 
+def check_time_to_reward_tables(result: dict[str, Any], rows: dict[str, str], learner: str) -> None:
+    """docs/rollouts.md's table and docs/benchmark.md's row quote ``result``'s medians and the
+    ratio of the learner collecting ahead (``rows``: case -> the table row's first cell)."""
+    med = {case: f"{m:.1f}" for case, m in result["median_seconds"].items()}
+    sync, ahead = (c for c in rows if c.startswith("dask"))
+    ratio = result["median_seconds"][ahead] / result["median_seconds"][sync]
+    rollouts = (ROOT / "docs" / "rollouts.md").read_text().replace("**", "")
+    for case, row in rows.items():
+        assert f"| {row} | {med[case]} |" in rollouts, (case, med[case])
+    assert f"{ratio:.2f}x the synchronous median" in rollouts
+    benchmark = (ROOT / "docs" / "benchmark.md").read_text().replace("**", "")
+    assert f"| {' | '.join(med[c] for c in rows)} ({ratio:.2f}x {learner}) |" in benchmark
+
+
 def test_time_to_reward_figures_are_the_committed_runs() -> None:
     """docs/rollouts.md's and docs/benchmark.md's time-to-reward medians are those of the JSON they name."""
     results = ROOT / "benchmarks" / "results"
     rtt = json.loads((results / "time-to-reward-delay-0.15ms-rtt-10ms.json").read_text())
-    cpu = json.loads((results / "time-to-reward-delay-0ms.json").read_text())
     assert rtt["rtt_ms"] == 10 and rtt["env_delay"] == 0.00015 and len(rtt["seeds"]) == 20
-    med = {case: f"{m:.1f}" for case, m in rtt["median_seconds"].items()}
-    rollouts = (ROOT / "docs" / "rollouts.md").read_text()
     rows = {
-        "ppo-dummy": "| PPO, `DummyVecEnv` |",
-        "ppo-subproc": "| PPO, `SubprocVecEnv` |",
-        "daskppo": "| DaskPPO |",
-        "daskppo-ahead": "| DaskPPO, `collect_ahead=1` |",
+        "ppo-dummy": "PPO, `DummyVecEnv`",
+        "ppo-subproc": "PPO, `SubprocVecEnv`",
+        "daskppo": "DaskPPO",
+        "daskppo-ahead": "DaskPPO, `collect_ahead=1`",
     }
-    for case, row in rows.items():
-        assert f"{row} {med[case]} |" in rollouts.replace("**", ""), (case, med[case])
-    ratio = rtt["median_seconds"]["daskppo-ahead"] / rtt["median_seconds"]["daskppo"]
-    benchmark = (ROOT / "docs" / "benchmark.md").read_text()
-    assert f"| {' | '.join(med[c] for c in rows)} ({ratio:.2f}x DaskPPO) |" in benchmark.replace("**", "")
-    assert f"{ratio:.2f}x the synchronous median" in rollouts.replace("**", "")
+    check_time_to_reward_tables(rtt, rows, "DaskPPO")
+    cpu = json.loads((results / "time-to-reward-delay-0ms.json").read_text())
     ahead, sync = (f"{cpu['median_seconds'][c]:.1f}" for c in ("daskppo-ahead", "daskppo"))
-    assert f"{ahead} s against {sync} s" in benchmark
+    assert f"{ahead} s against {sync} s" in (ROOT / "docs" / "benchmark.md").read_text()
 
 
 def test_dasksac_time_to_reward_figures_are_the_committed_run() -> None:
     sac = json.loads((ROOT / "benchmarks" / "results" / "time-to-reward-sac-delay-5ms-rtt-10ms.json").read_text())
     assert sac["rtt_ms"] == 10 and sac["env_delay"] == 0.005 and len(sac["seeds"]) == 5
-    med = {case: f"{m:.1f}" for case, m in sac["median_seconds"].items()}
-    ratio = sac["median_seconds"]["dasksac-ahead"] / sac["median_seconds"]["dasksac"]
-    rollouts = (ROOT / "docs" / "rollouts.md").read_text().replace("**", "")
     rows = {
-        "sac-dummy": "| SAC, `DummyVecEnv` |",
-        "sac-subproc": "| SAC, `SubprocVecEnv` |",
-        "dasksac": "| DaskSAC |",
-        "dasksac-ahead": "| DaskSAC, `collect_ahead=1` |",
+        "sac-dummy": "SAC, `DummyVecEnv`",
+        "sac-subproc": "SAC, `SubprocVecEnv`",
+        "dasksac": "DaskSAC",
+        "dasksac-ahead": "DaskSAC, `collect_ahead=1`",
     }
-    for case, row in rows.items():
-        assert f"{row} {med[case]} |" in rollouts, (case, med[case])
-    assert f"{ratio:.2f}x the synchronous median" in rollouts
-    benchmark = (ROOT / "docs" / "benchmark.md").read_text().replace("**", "")
-    assert f"| {' | '.join(med[c] for c in rows)} ({ratio:.2f}x DaskSAC) |" in benchmark
+    check_time_to_reward_tables(sac, rows, "DaskSAC")
