@@ -620,17 +620,10 @@ def _is_local_module(mod: types.ModuleType) -> bool:
 
 def _top_local_modules() -> list[types.ModuleType]:
     """Top-level modules loaded from outside the Python installation (user code)."""
-    tops: dict[str, types.ModuleType] = {}
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not isinstance(mod, types.ModuleType):
-            continue
-        top = name.split(".")[0]
-        if top in tops:
-            continue
-        top_mod = sys.modules.get(top)
-        if isinstance(top_mod, types.ModuleType) and _is_local_module(top_mod):
-            tops[top] = top_mod
-    return list(tops.values())
+    # each top-level name once: torch alone has thousands of submodules in sys.modules
+    names = {name.split(".")[0] for name, mod in list(sys.modules.items()) if isinstance(mod, types.ModuleType)}
+    tops = [sys.modules.get(top) for top in sorted(names)]
+    return [mod for mod in tops if isinstance(mod, types.ModuleType) and _is_local_module(mod)]
 
 
 @contextlib.contextmanager

@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DaskA2C", "DaskPPO", "RolloutPlan", "obs_stages", "plan_rollouts"]
 
+#: Rows of the rollout buffer valued in one forward pass when a rollout collected ahead is revalued.
+REVALUE_BATCH = 2048
 #: Wrappers whose effect is reproduced faithfully around worker-side rollouts.
 SUPPORTED_WRAPPERS = (VecMonitor, VecNormalize, VecFrameStack, VecTransposeImage)
 
@@ -286,6 +288,11 @@ class _Replay:
         return _Replayed(obs, rewards, dones, infos, below[0], below[1], self.plan, self.frozen)
 
 
+def _flat(steps: np.ndarray) -> np.ndarray:
+    """Rows of a buffer's ``(steps, n_envs, ...)`` block as one batch of ``steps * n_envs``."""
+    return steps.reshape(-1, *steps.shape[2:])
+
+
 def _copy_info(info: dict[str, Any]) -> dict[str, Any]:
     out = dict(info)
     if isinstance(out.get("terminal_observation"), dict):
@@ -381,6 +388,10 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
             rollout_buffer.add(obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
             self._last_obs = obs = new_obs
             self._last_episode_starts = dones
+        # everything the next rollout starts from is final here (the weights, the last
+        # observations, the wrappers' stacks and statistics): it goes out now, and the value
+        # pass, the returns and on_rollout_end below run while the workers collect it
+        self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
         if lag:
@@ -391,17 +402,22 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
-        self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         return True
 
     def _revalue(self, buffer: RolloutBuffer) -> None:
-        """Replace the buffer's values with the learner's current value function's."""
+        """Replace the buffer's values with the learner's current value function's.
+
+        In batches of whole vec-steps (at least one, about :data:`REVALUE_BATCH` rows): one
+        forward pass per vec-step cost as much as the rest of the replay.
+        """
         obs: Any = buffer.observations
+        steps = max(1, REVALUE_BATCH // buffer.n_envs)
         with th.no_grad():
-            for t in range(buffer.buffer_size):
-                at_t = {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
-                values = self.policy.predict_values(obs_as_tensor(at_t, self.device))
-                buffer.values[t] = values.cpu().numpy().reshape(buffer.n_envs)
+            for t in range(0, buffer.buffer_size, steps):
+                rows = slice(t, t + steps)
+                chunk = {k: _flat(v[rows]) for k, v in obs.items()} if isinstance(obs, dict) else _flat(obs[rows])
+                values = self.policy.predict_values(obs_as_tensor(chunk, self.device))
+                buffer.values[rows] = values.cpu().numpy().reshape(-1, buffer.n_envs)
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The actions the envs were given (as SB3's loop computes them; for ``locals``)."""

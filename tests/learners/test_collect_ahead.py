@@ -32,6 +32,7 @@ from stable_baselines3.common.utils import obs_as_tensor
 
 from daskvec import DaskVecEnv
 from daskvec.errors import AlreadySteppingError
+from daskvec.learners import on_policy
 from daskvec.sb3 import DaskA2C, DaskPPO
 from daskvec.sb3.vec_env import State
 
@@ -96,6 +97,8 @@ class Weights(BaseCallback):
             values, log_probs, _ = policy.evaluate_actions(obs, actions)
         self.rollouts.append(
             {
+                # the next rollout goes out before the value pass, the returns and this callback
+                "in_flight": self.model._daskvec_ahead is not None,
                 "state": copy.deepcopy(policy.state_dict()),
                 "buffer_log_probs": np.copy(buf.log_probs).reshape(-1),
                 "buffer_values": np.copy(buf.values).reshape(-1),
@@ -151,11 +154,18 @@ def test_zero_is_the_synchronous_mode_bit_for_bit(client2: Any) -> None:
             assert th.equal(a["state"][k], b["state"][k]), k
 
 
-@pytest.mark.parametrize("cls", [DaskPPO, DaskA2C])
-def test_a_rollout_ahead_is_one_version_behind_with_current_values(cls: Any, client2: Any) -> None:
+@pytest.mark.parametrize(
+    ("cls", "revalue_batch"), [(DaskPPO, on_policy.REVALUE_BATCH), (DaskA2C, on_policy.REVALUE_BATCH), (DaskPPO, 13)]
+)
+def test_a_rollout_ahead_is_one_version_behind_with_current_values(
+    cls: Any, revalue_batch: int, client2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rollout k (k >= 2) was collected with the weights of rollout k-1's end, before the training
     between them: its recorded log-probabilities are theirs, not the trained policy's; its values
-    are the trained value function's."""
+    are the trained value function's (valued in one batch, or, with 13 rows a batch, in batches of
+    3 vec-steps and a last one of 1). Each rollout but the last was on its way before its
+    ``on_rollout_end``."""
+    monkeypatch.setattr(on_policy, "REVALUE_BATCH", revalue_batch)
     with DaskVecEnv(witness_fns(), client2) as env:
         cb = Weights()
         kw = {"batch_size": 32, "n_epochs": 2} if cls is DaskPPO else {}
@@ -164,6 +174,7 @@ def test_a_rollout_ahead_is_one_version_behind_with_current_values(cls: Any, cli
         assert env.state is State.IDLE and model._daskvec_ahead is None  # the run's end left nothing in flight
     first, *later = cb.rollouts
     assert len(later) == 3
+    assert [r["in_flight"] for r in cb.rollouts] == [True, True, True, False]
     # the first rollout has nothing to be behind: collected and valued by the same policy
     np.testing.assert_allclose(first["buffer_log_probs"], first["log_probs_now"], rtol=1e-4, atol=1e-5)
     for k, rollout in enumerate(later, 1):
