@@ -45,11 +45,21 @@ def _time_to_reward(args: argparse.Namespace) -> None:
     from benchmarks.time_to_reward import format_time_to_reward_table, plot_curves, run_time_to_reward
 
     delay = args.env_delay / 1000
+    cpus = getattr(args, "ttr_hosts_cpus", None)
+    if cpus is not None and not args.ttr_rtt:
+        raise SystemExit("--ttr-hosts-cpus pins the emulated hosts' processes: give --ttr-rtt too")
     for rtt in args.ttr_rtt or [None]:
         name = f"time-to-reward-delay-{args.env_delay:g}ms" + ("" if rtt is None else f"-rtt-{rtt:g}ms")
+        name += "" if cpus is None else f"-hosts-cpu-{cpus}"
         out = Path(args.out) / f"{name}.json"
         res = run_time_to_reward(
-            args.ttr_cases, args.learning_seeds, env_delay=delay, scheduler=args.scheduler, out_path=out, rtt_ms=rtt
+            args.ttr_cases,
+            args.learning_seeds,
+            env_delay=delay,
+            scheduler=args.scheduler,
+            out_path=out,
+            rtt_ms=rtt,
+            hosts_cpus=cpus,
         )
         print(format_time_to_reward_table(res))
         print(f"json: {out}")

@@ -106,6 +106,22 @@ def missing_requirements() -> str | None:
     return None
 
 
+def _check_cpus(cpus: str) -> None:
+    """``cpus`` as ``taskset -c`` takes it, naming this machine's CPUs; ``ValueError`` saying what is wrong."""
+    wanted: set[int] = set()
+    try:
+        for part in cpus.split(","):
+            low, _, high = part.partition("-")
+            wanted.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise ValueError(f"cpus={cpus!r}: give CPU numbers as taskset -c takes them, e.g. '1' or '2-3,5'") from None
+    have = os.sched_getaffinity(0)
+    if not wanted or not wanted <= have:
+        raise ValueError(f"cpus={cpus!r}: this process may run on CPUs {sorted(have)}; name some of those")
+    if shutil.which("taskset") is None:
+        raise RuntimeError("cpus= needs taskset (util-linux)")
+
+
 def _run(*cmd: str, check: bool = True, timeout: float = 30.0) -> str:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
@@ -205,6 +221,10 @@ class EmulatedHosts:
         Start the scheduler and the workers (``False``: bare hosts, e.g. to measure the relay).
     workdir : path, optional
         Where scheduler files, certificates and logs go (default: a temporary directory).
+    cpus : str, optional
+        The CPUs (``taskset -c`` syntax, e.g. ``"1"``) every process started here may run
+        on: the scheduler, the relays and the workers, as machines of their own have
+        cores of their own. Default: any.
     """
 
     def __init__(
@@ -218,7 +238,11 @@ class EmulatedHosts:
         workdir: str | Path | None = None,
         worker_args: Sequence[str] = (),
         scheduler_args: Sequence[str] = (),
+        cpus: str | None = None,
     ) -> None:
+        if cpus is not None:
+            _check_cpus(cpus)
+        self.cpus = cpus
         rtts = [float(rtt_ms)] * n if isinstance(rtt_ms, (int, float)) else [float(r) for r in rtt_ms]
         if len(rtts) != n or any(r < 0 for r in rtts):
             raise ValueError(f"rtt_ms must be >= 0, one value or one per host, not {rtt_ms!r}")
@@ -303,6 +327,8 @@ class EmulatedHosts:
         self.close()
 
     def _popen(self, cmd: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+        if self.cpus is not None:  # the affinity passes on through exec and to every thread started later
+            cmd = ["taskset", "-c", self.cpus, *cmd]
         p: subprocess.Popen[Any] = subprocess.Popen(cmd, cwd=self.workdir, env=self.env, start_new_session=True, **kw)
         self._processes.append(p)
         return p

@@ -34,17 +34,22 @@ def alternated(cases: Sequence[Case], seeds: Sequence[int]) -> Iterator[tuple[in
 
 
 @contextlib.contextmanager
-def learning_client(scheduler: str | None = None, rtt_ms: float | None = None) -> Iterator[tuple[Any, list[str]]]:
+def learning_client(
+    scheduler: str | None = None, rtt_ms: float | None = None, hosts_cpus: str | None = None
+) -> Iterator[tuple[Any, list[str]]]:
     """A ``Client`` for the daskvec cases of a run, and the addresses of its emulated hosts (if any).
 
     On ``scheduler``'s cluster if given; else on two emulated hosts (root, :mod:`benchmarks.hosts`)
-    whose relays add ``rtt_ms`` to every round trip, if given; else on an embedded
+    whose relays add ``rtt_ms`` to every round trip, if given (their processes on the CPUs
+    ``hosts_cpus`` only, if given: ``taskset -c`` syntax); else on an embedded
     ``LocalCluster`` of two single-threaded worker processes. Whatever was started is
     closed on exit. Dask's stack-sampling profiler is off on the workers started here: on
     CPython 3.11 it can deadlock a worker while env groups start their threads.
     """
     if scheduler is not None and rtt_ms is not None:
         raise ValueError("give scheduler or rtt_ms, not both: rtt_ms starts emulated hosts of its own")
+    if hosts_cpus is not None and rtt_ms is None:
+        raise ValueError("hosts_cpus pins the emulated hosts' processes: give rtt_ms too")
     import dask
     from distributed import Client, LocalCluster
 
@@ -56,7 +61,7 @@ def learning_client(scheduler: str | None = None, rtt_ms: float | None = None) -
             missing = missing_requirements()
             if missing:
                 raise RuntimeError(f"rtt_ms needs emulated hosts: {missing}")
-            emulated = EmulatedHosts(2, rtt_ms)
+            emulated = EmulatedHosts(2, rtt_ms, cpus=hosts_cpus)
             emulated.env.update(checkout_env())  # the workers unpickle the benchmarks' env factories
             stack.callback(emulated.close)
             client = stack.enter_context(emulated.start().client())

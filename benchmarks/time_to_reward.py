@@ -214,6 +214,7 @@ def run_time_to_reward(
     threshold: float | None = None,
     rtt_ms: float | None = None,
     learner_threads: int | None = 1,
+    hosts_cpus: str | None = None,
 ) -> dict[str, Any]:
     """Train every case on every seed (cases alternated within a seed, their order rotated); medians and ratios.
 
@@ -224,6 +225,9 @@ def run_time_to_reward(
     ``scheduler``'s workers if given, else on two emulated hosts at ``rtt_ms`` if given
     (root), else on an embedded ``LocalCluster`` of two worker processes.
     ``learner_threads`` sets torch's threads in this process for the run (``None``: as they are).
+    ``hosts_cpus`` (with ``rtt_ms``) keeps the emulated hosts' processes to those CPUs
+    (``taskset -c`` syntax), as other machines' cores would be; the learner's process and
+    SB3's vec envs may still run on any.
     """
     import torch
 
@@ -235,7 +239,7 @@ def run_time_to_reward(
     if learner_threads is not None:
         torch.set_num_threads(learner_threads)
     try:
-        with learning_client(scheduler, rtt_ms) as (client, hosts):
+        with learning_client(scheduler, rtt_ms, hosts_cpus) as (client, hosts):
             for seed, case in alternated(list(cases), seeds):
                 run = _run_case(case, seed, env_delay, eval_every, eval_episodes, max_steps, client, threshold)
                 logger.info("time to reward: %s seed %d: %s s", case, seed, run["seconds"])
@@ -253,6 +257,7 @@ def run_time_to_reward(
         "machine": machine_info(),
         "env_delay": env_delay,
         "rtt_ms": rtt_ms,
+        "hosts_cpus": hosts_cpus,
         "learner_threads": torch.get_num_threads() if learner_threads is None else learner_threads,
         # the emulated hosts' addresses: where each run's "workers" should be
         "hosts": hosts or None,
@@ -300,7 +305,10 @@ def format_time_to_reward_table(result: dict[str, Any]) -> str:
 
 def _where(result: dict[str, Any]) -> str:
     rtt = result.get("rtt_ms")
-    return "daskvec's workers local" if rtt is None else f"daskvec's workers on 2 emulated hosts at {rtt:g} ms"
+    if rtt is None:
+        return "daskvec's workers local"
+    pinned = f", their processes on CPU {result['hosts_cpus']}" if result.get("hosts_cpus") else ""
+    return f"daskvec's workers on 2 emulated hosts at {rtt:g} ms{pinned}"
 
 
 def plot_curves(result: dict[str, Any], path: Path) -> Path:

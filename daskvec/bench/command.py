@@ -196,6 +196,15 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
             "trips, one run and JSON per value (default: an embedded LocalCluster)",
         },
     ),
+    (
+        ("--ttr-hosts-cpus",),
+        {
+            "default": None,
+            "metavar": "CPUS",
+            "help": "time-to-reward with --ttr-rtt: the emulated hosts' processes run on these CPUs only "
+            "(taskset -c syntax, e.g. 1), as other machines' cores would be (default: any)",
+        },
+    ),
 )
 
 
