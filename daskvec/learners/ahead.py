@@ -3,11 +3,13 @@
 Both kinds of learner (:mod:`~daskvec.learners.on_policy`, :mod:`~daskvec.learners.off_policy`)
 take ``collect_ahead``: ``0`` (the default) collects each rollout after training on the
 one before, as Stable-Baselines3 does; ``1`` ships the weights and starts the next
-collection at the end of ``collect_rollouts``, so that the envs step during ``train()``,
-and reads it at the next ``collect_rollouts``. The learner then trains the policy of
-version k+1 on data of version k (a lag of one version, never more: one collection per
-group is in flight at most); :class:`CollectAhead` keeps that collection, the state its
-replay needs from its start, and the figures of who waited for whom.
+collection as soon as ``collect_rollouts`` has replayed this one (the on-policy learners
+before their value pass, returns and ``on_rollout_end``; the off-policy ones at its end),
+so that the envs step during ``train()``, and reads it at the next ``collect_rollouts``.
+The learner then trains the policy of version k+1 on data of version k (a lag of one
+version, never more: one collection per group is in flight at most); :class:`CollectAhead`
+keeps that collection, the state its replay needs from its start, and the figures of who
+waited for whom.
 
 A run that ends (``num_timesteps`` reaches ``learn()``'s total) or a callback that stops
 it leaves nothing in flight: the next collection is sent only when ``learn()`` will ask

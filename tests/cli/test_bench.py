@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -886,27 +887,35 @@ def test_time_to_reward_steps_the_envs_on_emulated_hosts_at_the_round_trip_asked
         max_steps=512,
         threshold=0.0,
         rtt_ms=2.0,
+        hosts_cpus=str(max(os.sched_getaffinity(0))),
     )
     assert res["rtt_ms"] == 2.0 and len(res["hosts"]) == 2 and "127.0.0.1" not in res["hosts"]
+    assert res["hosts_cpus"] == str(max(os.sched_getaffinity(0)))
     dask_run, dummy_run = (next(r for r in res["runs"] if r["case"] == c) for c in ("daskppo-ahead", "ppo-dummy"))
     stepped_on = {w.rsplit(":", 1)[0].split("://")[1] for w in dask_run["workers"]}
     assert stepped_on and stepped_on <= set(res["hosts"]), (dask_run["workers"], res["hosts"])
     assert dummy_run["workers"] == [] and dask_run["seconds"] is not None
     assert dummy_run["time_split"] is None and dask_run["time_split"]["envs_busy_s"] > 0
-    assert "2 emulated hosts at 2 ms" in format_time_to_reward_table(res)
+    assert f"2 emulated hosts at 2 ms, their processes on CPU {res['hosts_cpus']}" in format_time_to_reward_table(res)
     with pytest.raises(ValueError, match="scheduler or rtt_ms"):
         run_time_to_reward(["daskppo"], [0], scheduler="tcp://127.0.0.1:1", rtt_ms=2.0)
+    with pytest.raises(ValueError, match="give rtt_ms too"):
+        run_time_to_reward(["daskppo"], [0], hosts_cpus="0")
 
 
 def test_ttr_rtt_runs_time_to_reward_once_per_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--ttr-rtt 0,10``: one run per round trip, each with its own JSON; without it, one local run."""
+    """``--ttr-rtt 0,10``: one run per round trip, each with its own JSON; without it, one local run;
+    ``--ttr-hosts-cpus`` reaches the run and names its JSON, and is refused without ``--ttr-rtt``."""
     import benchmarks.time_to_reward as ttr
     from benchmarks.command import run_own
 
     calls: list[tuple[float | None, Path]] = []
+    pinned: list[str] = []
 
     def record(cases: Any, seeds: Any, *, rtt_ms: float | None, out_path: Path, **kw: Any) -> dict[str, Any]:
         calls.append((rtt_ms, out_path))
+        if kw.get("hosts_cpus") is not None:
+            pinned.append(kw["hosts_cpus"])
         runs = [{"case": c, "seed": s, "seconds": 1.0, "curve": []} for s in seeds for c in cases]
         return {
             "env_delay": kw["env_delay"],
@@ -932,6 +941,12 @@ def test_ttr_rtt_runs_time_to_reward_once_per_round_trip(tmp_path: Path, monkeyp
     calls.clear()
     assert run_own(parser.parse_args(base)) == 0
     assert [(r, p.name) for r, p in calls] == [(None, "time-to-reward-delay-2ms.json")]
+    calls.clear()
+    assert run_own(parser.parse_args([*base, "--ttr-rtt", "10", "--ttr-hosts-cpus", "1"])) == 0
+    assert [(r, p.name) for r, p in calls] == [(10.0, "time-to-reward-delay-2ms-rtt-10ms-hosts-cpu-1.json")]
+    assert pinned == ["1"]
+    with pytest.raises(SystemExit, match="give --ttr-rtt too"):
+        run_own(parser.parse_args([*base, "--ttr-hosts-cpus", "1"]))
 
 
 def test_learning_benchmarks_alternate_their_cases_rotating_the_order_each_seed() -> None:

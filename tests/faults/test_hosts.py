@@ -13,7 +13,10 @@ Needs root, ``ip``, ``unshare`` and ``iptables``; skipped (with the reason) with
 from __future__ import annotations
 
 import itertools
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -97,6 +100,28 @@ def assert_direct_tcp_to_hosts(hosts: EmulatedHosts, env: DaskVecEnv) -> None:
         assert group.desc.machine.startswith(f"{host.name}/"), "the worker does not run under its host's name"
         assert group.desc.machine != machine_id()
         assert (g["transport"], g["socket"]) == ("direct", "tcp"), f"group {g['envs']}: {g['transport']}/{g['socket']}"
+
+
+# --------------------------------------------------------------------------- CPUs of their own
+def test_hosts_cpus_keep_every_process_started_to_those_cpus(tmp_path: Any) -> None:
+    """``cpus=``: a process the hosts start (a worker, a relay, the scheduler alike) runs on those CPUs only."""
+    have = sorted(os.sched_getaffinity(0))
+    if len(have) < 2:
+        pytest.skip(f"one CPU here ({have}): pinning to it changes nothing a test could see")
+    hosts = EmulatedHosts(1, cpus=str(have[-1]), dask=False, workdir=tmp_path)
+    try:
+        cmd = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+        proc = hosts._popen(cmd, stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        hosts.close()
+    assert out.strip() == str([have[-1]])
+
+
+@pytest.mark.parametrize(("cpus", "match"), [("one", "as taskset -c takes them"), ("4096", "may run on CPUs")])
+def test_hosts_cpus_that_are_not_this_machines_say_so(cpus: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EmulatedHosts(1, cpus=cpus, dask=False)
 
 
 # --------------------------------------------------------------------------- the fixture's relay

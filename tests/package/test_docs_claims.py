@@ -109,8 +109,8 @@ def check_time_to_reward_tables(result: dict[str, Any], rows: dict[str, str], le
 def test_time_to_reward_figures_are_the_committed_runs() -> None:
     """docs/rollouts.md's and docs/benchmark.md's time-to-reward medians are those of the JSON they name."""
     results = ROOT / "benchmarks" / "results"
-    rtt = json.loads((results / "time-to-reward-delay-0.15ms-rtt-10ms.json").read_text())
-    assert rtt["rtt_ms"] == 10 and rtt["env_delay"] == 0.00015 and len(rtt["seeds"]) == 20
+    rtt = json.loads((results / "time-to-reward-delay-0ms-rtt-10ms-hosts-cpu-1.json").read_text())
+    assert rtt["rtt_ms"] == 10 and rtt["env_delay"] == 0 and rtt["hosts_cpus"] == "1" and len(rtt["seeds"]) == 20
     rows = {
         "ppo-dummy": "PPO, `DummyVecEnv`",
         "ppo-subproc": "PPO, `SubprocVecEnv`",
@@ -118,7 +118,23 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
         "daskppo-ahead": "DaskPPO, `collect_ahead=1`",
     }
     check_time_to_reward_tables(rtt, rows, "DaskPPO")
+    # the other runs at 10 ms, quoted in the text: the ratio of medians and the synchronous and ahead medians
+    rollouts = (ROOT / "docs" / "rollouts.md").read_text().replace("**", "")
+    others = (
+        ("0.05ms-rtt-10ms-hosts-cpu-1", 0.00005, "1"),
+        ("0.1ms-rtt-10ms", 0.0001, None),
+        ("0.15ms-rtt-10ms", 0.00015, None),
+    )
+    for name, delay, cpus in others:
+        run = json.loads((results / f"time-to-reward-delay-{name}.json").read_text())
+        assert run["env_delay"] == delay and run.get("hosts_cpus") == cpus and len(run["seeds"]) == 20
+        sync, ahead = (run["median_seconds"][c] for c in ("daskppo", "daskppo-ahead"))
+        assert f"collecting ahead {ahead:.1f} s" in rollouts and f"DaskPPO {sync:.1f} s" in rollouts, name
+        assert f"{ahead / sync:.2f}x" in rollouts, name
     cpu = json.loads((results / "time-to-reward-delay-0ms.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert f"475 in {rtt['median_seconds']['daskppo-ahead'] / rtt['median_seconds']['daskppo']:.2f}x" in readme
+    assert f"it was {cpu['median_seconds']['daskppo-ahead'] / cpu['median_seconds']['daskppo']:.2f}x" in readme
     ahead, sync = (f"{cpu['median_seconds'][c]:.1f}" for c in ("daskppo-ahead", "daskppo"))
     assert f"{ahead} s against {sync} s" in (ROOT / "docs" / "benchmark.md").read_text()
 
@@ -133,3 +149,5 @@ def test_dasksac_time_to_reward_figures_are_the_committed_run() -> None:
         "dasksac-ahead": "DaskSAC, `collect_ahead=1`",
     }
     check_time_to_reward_tables(sac, rows, "DaskSAC")
+    ratio = sac["median_seconds"]["dasksac-ahead"] / sac["median_seconds"]["dasksac"]
+    assert f"-250 in {ratio:.2f}x" in (ROOT / "README.md").read_text()
