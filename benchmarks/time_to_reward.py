@@ -16,10 +16,10 @@ Cases (RL Zoo's tuned hyperparameters, schedules made constant):
   ``dasksac`` and ``dasksac-ahead``.
 
 ``env_delay`` adds a ``time.sleep`` to every env step: an env whose step waits (on a
-simulator in another process, a robot, a remote service) rather than computes. On one
-machine that is the only way the envs' time is not the learner's CPU: with CPU-bound envs
-on 2 cores, the learner and the envs share the cores, and overlapping them mostly trades
-one for the other.
+simulator in another process, a robot, a remote service) rather than computes. The other
+way, on one machine, to keep the envs' time off the learner's CPU is ``hosts_cpus`` (below).
+With CPU-bound envs on 2 cores and nothing confined, the learner and the envs share the
+cores, and overlapping them mostly trades one for the other.
 
 The learner runs torch with one thread (``learner_threads``) in every case: on 2 cores
 shared with the workers, a second intra-op thread spins against them while a rollout is
@@ -30,6 +30,9 @@ and buys little for these small networks when nothing else runs.
 network namespaces, each with its own address and a relay adding that round trip to
 every connection; root) instead of an embedded ``LocalCluster``: the envs behind a
 network, as on a cluster's other nodes. SB3's own vec envs run on the learner's host either way.
+``hosts_cpus`` confines the hosts' processes to those CPUs (``taskset -c``), so that
+the envs' computing stays off the core the learner trains on, as on other machines;
+the learner's process may still use every core.
 """
 
 from __future__ import annotations

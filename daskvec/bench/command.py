@@ -202,7 +202,7 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
             "default": None,
             "metavar": "CPUS",
             "help": "time-to-reward with --ttr-rtt: the emulated hosts' processes run on these CPUs only "
-            "(taskset -c syntax, e.g. 1), as other machines' cores would be (default: any)",
+            "(taskset -c syntax, e.g. 1), keeping the envs' computing off the learner's core (default: any)",
         },
     ),
 )

@@ -3,18 +3,17 @@
 Both kinds of learner (:mod:`~daskvec.learners.on_policy`, :mod:`~daskvec.learners.off_policy`)
 take ``collect_ahead``: ``0`` (the default) collects each rollout after training on the
 one before, as Stable-Baselines3 does; ``1`` ships the weights and starts the next
-collection as soon as ``collect_rollouts`` has replayed this one (the on-policy learners
-before their value pass, returns and ``on_rollout_end``; the off-policy ones at its end),
-so that the envs step during ``train()``, and reads it at the next ``collect_rollouts``.
-The learner then trains the policy of version k+1 on data of version k (a lag of one
-version, never more: one collection per group is in flight at most); :class:`CollectAhead`
-keeps that collection, the state its replay needs from its start, and the figures of who
-waited for whom.
+collection at the end of ``collect_rollouts``, so that the envs step during ``train()``,
+and reads it at the next ``collect_rollouts``. The learner then trains the policy of
+version k+1 on data of version k (a lag of one version, never more: one collection per
+group is in flight at most); :class:`CollectAhead` keeps that collection, the state its
+replay needs from its start, and the figures of who waited for whom.
 
 A run that ends (``num_timesteps`` reaches ``learn()``'s total) or a callback that stops
 it leaves nothing in flight: the next collection is sent only when ``learn()`` will ask
 for it. If ``train()`` fails with one in flight, the vec env refuses every call but
-``close()`` (which does not wait for it) until a next ``learn()`` reads it.
+``close()`` (which does not wait for it) until a next ``learn()`` reads it (with
+``reset_num_timesteps=False``) or drops it before resetting the env (by default).
 """
 
 from __future__ import annotations
@@ -95,11 +94,24 @@ class CollectAhead(BaseAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_daskvec_ahead", "_daskvec_returned", "_daskvec_envs_done"]
 
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: Any = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, Any]:
+        """As SB3's; a collection left in flight (``train()`` failed) is dropped first if the env is to be reset."""
+        if self._daskvec_ahead is not None and (reset_num_timesteps or self._last_obs is None):
+            self._drop_ahead("learn() resets the env")
+        return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+
     def _arrive(self, venv: DaskVecEnv, n_steps: int, send: Callable[[], Ahead]) -> Arrived:
         """The collection to replay now: the one sent ahead, or one sent (with ``send``) and read now."""
         ahead = self._daskvec_ahead
         if ahead is not None and (ahead.venv is not venv or ahead.n_steps != n_steps):
-            self._drop_ahead()
+            self._drop_ahead("the env or its size changed")
         ahead, self._daskvec_ahead = self._daskvec_ahead, None
         asked = time.perf_counter()
         if ahead is None:
@@ -148,12 +160,12 @@ class CollectAhead(BaseAlgorithm):
         if self.collect_ahead and self.num_timesteps < self._total_timesteps:
             self._daskvec_ahead = send()
 
-    def _drop_ahead(self) -> None:
-        """Read and drop a collection that will not be replayed (the env, or the collection's size, changed)."""
+    def _drop_ahead(self, why: str) -> None:
+        """Read and drop a collection that will not be replayed, saying ``why`` in a warning."""
         ahead, self._daskvec_ahead = self._daskvec_ahead, None
         if ahead is None or ahead.venv.closed:
             return
-        logger.warning("%s: dropping the collection made ahead: the env or its size changed", type(self).__name__)
+        logger.warning("%s: dropping the collection made ahead: %s", type(self).__name__, why)
         ahead.venv.finish_rollout(ahead.pending)
 
     def _returned(self) -> None:

@@ -218,7 +218,7 @@ class _WorkerCollection(CollectAhead, OffPolicyAlgorithm):
                     "every vec-step then pays a round trip to the workers",
                     stacklevel=2,
                 )
-            self._drop_ahead()
+            self._drop_ahead("the env is no longer one daskvec collects on")
             return super().collect_rollouts(
                 env, callback, train_freq, replay_buffer, action_noise, learning_starts, log_interval
             )

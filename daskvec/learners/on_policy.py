@@ -319,7 +319,7 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
         """
         plan, reason = plan_rollouts(env, self)
         if plan is None:
-            self._drop_ahead()
+            self._drop_ahead("the env is no longer one daskvec collects on")
             if reason and not self._daskvec_warned:
                 self._daskvec_warned = True
                 warnings.warn(
@@ -388,10 +388,6 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
             rollout_buffer.add(obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
             self._last_obs = obs = new_obs
             self._last_episode_starts = dones
-        # everything the next rollout starts from is final here (the weights, the last
-        # observations, the wrappers' stacks and statistics): it goes out now, and the value
-        # pass, the returns and on_rollout_end below run while the workers collect it
-        self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
         if lag:
@@ -402,16 +398,21 @@ class _WorkerRollouts(CollectAhead, OnPolicyAlgorithm):
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
+        # after on_rollout_end, which may still use the env (a curriculum's env_method) or
+        # change the policy for the next rollout, as in the synchronous mode
+        self._send_ahead(lag, lambda: self._send_rollout(plan, n_rollout_steps))
         return True
 
     def _revalue(self, buffer: RolloutBuffer) -> None:
         """Replace the buffer's values with the learner's current value function's.
 
-        In batches of whole vec-steps (at least one, about :data:`REVALUE_BATCH` rows): one
-        forward pass per vec-step cost as much as the rest of the replay.
+        In batches of whole vec-steps (at least one; at most :data:`REVALUE_BATCH` rows, and
+        no more than PPO's ``batch_size``, which training already holds at once): one forward
+        pass per vec-step cost as much as the rest of the replay.
         """
         obs: Any = buffer.observations
-        steps = max(1, REVALUE_BATCH // buffer.n_envs)
+        rows_at_once = min(REVALUE_BATCH, getattr(self, "batch_size", None) or REVALUE_BATCH)
+        steps = max(1, rows_at_once // buffer.n_envs)
         with th.no_grad():
             for t in range(0, buffer.buffer_size, steps):
                 rows = slice(t, t + steps)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import logging
 import os
 import signal
 import threading
@@ -97,8 +98,9 @@ class Weights(BaseCallback):
             values, log_probs, _ = policy.evaluate_actions(obs, actions)
         self.rollouts.append(
             {
-                # the next rollout goes out before the value pass, the returns and this callback
-                "in_flight": self.model._daskvec_ahead is not None,
+                # the next rollout goes out after this callback, which may still use the env (a curriculum)
+                "env_free": self.model._daskvec_ahead is None
+                and self.training_env.get_attr("index") == list(range(self.training_env.num_envs)),
                 "state": copy.deepcopy(policy.state_dict()),
                 "buffer_log_probs": np.copy(buf.log_probs).reshape(-1),
                 "buffer_values": np.copy(buf.values).reshape(-1),
@@ -163,8 +165,8 @@ def test_a_rollout_ahead_is_one_version_behind_with_current_values(
     """Rollout k (k >= 2) was collected with the weights of rollout k-1's end, before the training
     between them: its recorded log-probabilities are theirs, not the trained policy's; its values
     are the trained value function's (valued in one batch, or, with 13 rows a batch, in batches of
-    3 vec-steps and a last one of 1). Each rollout but the last was on its way before its
-    ``on_rollout_end``."""
+    3 vec-steps and a last one of 1). ``on_rollout_end`` can still use the env: the next rollout
+    goes out after it."""
     monkeypatch.setattr(on_policy, "REVALUE_BATCH", revalue_batch)
     with DaskVecEnv(witness_fns(), client2) as env:
         cb = Weights()
@@ -174,7 +176,7 @@ def test_a_rollout_ahead_is_one_version_behind_with_current_values(
         assert env.state is State.IDLE and model._daskvec_ahead is None  # the run's end left nothing in flight
     first, *later = cb.rollouts
     assert len(later) == 3
-    assert [r["in_flight"] for r in cb.rollouts] == [True, True, True, False]
+    assert all(r["env_free"] for r in cb.rollouts)
     # the first rollout has nothing to be behind: collected and valued by the same policy
     np.testing.assert_allclose(first["buffer_log_probs"], first["log_probs_now"], rtol=1e-4, atol=1e-5)
     for k, rollout in enumerate(later, 1):
@@ -294,6 +296,94 @@ def test_other_calls_while_a_collection_runs_ahead_say_why_and_close_does_not_wa
 
 def _raise() -> None:
     raise TrainingFails("the learner failed")
+
+
+def test_learn_after_a_failed_train_reads_or_drops_the_collection_in_flight(
+    client2: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After ``train()`` failed with a rollout in flight, ``learn(..., reset_num_timesteps=False)`` replays it
+    (every step following its env's last one) and a default ``learn()`` drops it, saying so, before the reset."""
+    rollout = 16 * N_ENVS
+    with DaskVecEnv(witness_fns(), client2) as env:
+        model = ppo(env, collect_ahead=1)
+        train = model.train
+        model.train = _raise  # type: ignore[method-assign]
+        with pytest.raises(TrainingFails):
+            model.learn(rollout * 3)
+        assert env.state is State.COLLECTING and model.num_timesteps == rollout
+        model.train = train  # type: ignore[method-assign]
+        check = WitnessCheck()
+        model.learn(rollout * 2, callback=check, reset_num_timesteps=False)
+        assert model.num_timesteps == rollout * 3 and check.steps == 32 and env.state is State.IDLE
+        model.train = _raise  # type: ignore[method-assign]
+        with pytest.raises(TrainingFails):
+            model.learn(rollout * 3, reset_num_timesteps=False)
+        assert env.state is State.COLLECTING
+        model.train = train  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="daskvec.learners.ahead"):
+            model.learn(rollout * 2)
+        assert "dropping the collection made ahead: learn() resets the env" in caplog.text
+        assert model.num_timesteps == rollout * 2 and model._daskvec_ahead is None and env.state is State.IDLE
+
+
+class _Observed(gym.Env[Any, Any]):
+    """An env with a given observation space (for the revaluation's batches, which never step it)."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, space: gym.Space[Any]) -> None:
+        self.observation_space = space
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
+        return self.observation_space.sample(), {}
+
+    def step(self, action: Any) -> Any:
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    ("policy", "space"),
+    [
+        ("CnnPolicy", gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)),
+        ("MultiInputPolicy", gym.spaces.Dict({"v": gym.spaces.Box(-1, 1, (3,)), "w": gym.spaces.Box(-1, 1, (2, 2))})),
+    ],
+    ids=["images", "dict"],
+)
+def test_the_revaluation_in_batches_is_the_value_of_every_row(
+    policy: str, space: gym.Space[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 2 vec-steps of 3 envs, and a last of 1, give each row its own value, as one pass per vec-step."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    monkeypatch.setattr(on_policy, "REVALUE_BATCH", 7)
+    model = DaskPPO(policy, DummyVecEnv([lambda: _Observed(space)] * 3), n_steps=5, batch_size=15, seed=0, device="cpu")
+    buf: Any = model.rollout_buffer
+    rng = np.random.default_rng(0)
+    if isinstance(buf.observations, dict):
+        for v in buf.observations.values():
+            v[:] = rng.uniform(-1, 1, v.shape)
+    else:
+        buf.observations[:] = rng.integers(0, 256, buf.observations.shape)
+    passes = []
+    predict = model.policy.predict_values
+    monkeypatch.setattr(model.policy, "predict_values", lambda obs: passes.append(1) or predict(obs))
+    model._revalue(buf)
+    assert len(passes) == 3  # 7 rows a batch: 2 vec-steps of 3 envs, twice, then 1
+    model.batch_size = 6  # fewer rows than REVALUE_BATCH: PPO's minibatch bounds the batch too
+    monkeypatch.setattr(on_policy, "REVALUE_BATCH", 10**6)
+    passes.clear()
+    model._revalue(buf)
+    assert len(passes) == 3
+    monkeypatch.undo()
+    with th.no_grad():
+        for t in range(buf.buffer_size):
+            obs = (
+                {k: v[t] for k, v in buf.observations.items()}
+                if isinstance(buf.observations, dict)
+                else buf.observations[t]
+            )
+            want = model.policy.predict_values(obs_as_tensor(obs, "cpu")).numpy().reshape(-1)
+            np.testing.assert_allclose(buf.values[t], want, rtol=1e-5, atol=1e-5, err_msg=f"vec-step {t}")
 
 
 # --------------------------------------------------------------------------- a worker lost while collecting ahead
