@@ -920,6 +920,49 @@ def test_close_leaves_nothing_on_the_workers(dask_processes: Any, tmp_path: Path
         assert open_envs(envs_dir) == {}, "envs left open after close()"
 
 
+class _TrainingFails(Exception):
+    pass
+
+
+def _fail_training(*args: Any, **kwargs: Any) -> None:
+    raise _TrainingFails("the learner failed with a collection in flight")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("learner", ["ppo", "dqn"])
+def test_close_in_the_middle_of_a_collection_ahead_is_prompt_and_leaves_nothing(
+    dask_processes: Any, learner: str
+) -> None:
+    """``train()`` fails while the next collection runs ahead (64 steps of 0.1 s on each worker): ``close()``
+    does not wait for it (it returns in under half of it), and no daskvec thread or socket is left on the
+    workers once it ends."""
+    from distributed import Client
+
+    from benchmarks.witness import WitnessEnv
+    from daskvec.sb3 import DaskDQN, DaskPPO
+
+    procs = dask_processes(2)
+    with Client(procs.address, set_as_default=False, timeout=60) as client:
+        probe = footprint_probe(dask_ports(client))
+        baseline = client.run(probe)
+        env = DaskVecEnv([functools.partial(WitnessEnv, i, None, 0.1) for i in range(4)], client=procs.address)
+        try:
+            if learner == "ppo":
+                model: Any = DaskPPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=1, collect_ahead=1)
+            else:
+                model = DaskDQN("MlpPolicy", env, train_freq=(64, "step"), learning_starts=0, collect_ahead=1)
+            model.train = _fail_training
+            with pytest.raises(_TrainingFails):
+                model.learn(64 * 4 * 3)
+            assert model._daskvec_ahead is not None, "nothing was in flight: the test proves nothing"
+        finally:
+            started = time.monotonic()
+            env.close()
+            took = time.monotonic() - started
+        assert took < 3.2, f"close() took {took:.1f}s with a collection of 6.4s in flight"
+        wait_for_footprint(client, probe, baseline, "after close() in the middle of a collection")
+
+
 class BumpEnv(CountingEnv):
     """``bump()`` counts its calls (a method with a side effect); env 4's ``bump`` and ``reset`` are slow."""
 
