@@ -131,6 +131,11 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
         sync, ahead = (run["median_seconds"][c] for c in ("daskppo", "daskppo-ahead"))
         assert f"collecting ahead {ahead:.1f} s" in rollouts and f"DaskPPO {sync:.1f} s" in rollouts, name
         assert f"{ahead / sync:.2f}x" in rollouts, name
+    dask = json.loads((results / "time-to-reward-delay-0ms-rtt-10ms-hosts-cpu-1-ppo-dask.json").read_text())
+    assert dask["rtt_ms"] == 10 and dask["hosts_cpus"] == "1" and len(dask["seeds"]) == 10
+    quoted = f"{dask['median_seconds']['ppo-dask']:.1f} s"
+    assert f"{quoted} median against DaskPPO's {dask['median_seconds']['daskppo']:.1f} s" in rollouts
+    assert f"vec-step: {quoted} (10 seeds)" in (ROOT / "docs" / "benchmark.md").read_text()
     cpu = json.loads((results / "time-to-reward-delay-0ms.json").read_text())
     readme = (ROOT / "README.md").read_text()
     assert f"475 in {rtt['median_seconds']['daskppo-ahead'] / rtt['median_seconds']['daskppo']:.2f}x" in readme
