@@ -92,18 +92,30 @@ def test_no_text_says_subproc_is_faster_where_the_benchmark_says_otherwise() -> 
             assert not claim.search(sentence), f"{where}: {sentence}"
 
 
-def check_time_to_reward_tables(result: dict[str, Any], rows: dict[str, str], learner: str) -> None:
+def ahead_ratio(result: dict[str, Any], algo: str = "ppo") -> float:
+    """The median seconds of daskvec's ``algo`` collecting ahead over its synchronous median."""
+    return float(result["median_seconds"][f"dask{algo}-ahead"] / result["median_seconds"][f"dask{algo}"])
+
+
+def check_time_to_reward_tables(result: dict[str, Any], algo: str) -> float:
     """docs/rollouts.md's table and docs/benchmark.md's row quote ``result``'s medians and the
-    ratio of the learner collecting ahead (``rows``: case -> the table row's first cell)."""
+    ratio of daskvec's ``algo`` ("ppo" or "sac") collecting ahead, which is returned."""
+    name, learner = algo.upper(), f"Dask{algo.upper()}"
+    rows = {
+        f"{algo}-dummy": f"{name}, `DummyVecEnv`",
+        f"{algo}-subproc": f"{name}, `SubprocVecEnv`",
+        f"dask{algo}": learner,
+        f"dask{algo}-ahead": f"{learner}, `collect_ahead=1`",
+    }
     med = {case: f"{m:.1f}" for case, m in result["median_seconds"].items()}
-    sync, ahead = (c for c in rows if c.startswith("dask"))
-    ratio = result["median_seconds"][ahead] / result["median_seconds"][sync]
+    ratio = ahead_ratio(result, algo)
     rollouts = (ROOT / "docs" / "rollouts.md").read_text().replace("**", "")
     for case, row in rows.items():
         assert f"| {row} | {med[case]} |" in rollouts, (case, med[case])
     assert f"{ratio:.2f}x the synchronous median" in rollouts
     benchmark = (ROOT / "docs" / "benchmark.md").read_text().replace("**", "")
     assert f"| {' | '.join(med[c] for c in rows)} ({ratio:.2f}x {learner}) |" in benchmark
+    return ratio
 
 
 def test_time_to_reward_figures_are_the_committed_runs() -> None:
@@ -111,13 +123,7 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
     results = ROOT / "benchmarks" / "results"
     rtt = json.loads((results / "time-to-reward-delay-0ms-rtt-10ms-hosts-cpu-1.json").read_text())
     assert rtt["rtt_ms"] == 10 and rtt["env_delay"] == 0 and rtt["hosts_cpus"] == "1" and len(rtt["seeds"]) == 20
-    rows = {
-        "ppo-dummy": "PPO, `DummyVecEnv`",
-        "ppo-subproc": "PPO, `SubprocVecEnv`",
-        "daskppo": "DaskPPO",
-        "daskppo-ahead": "DaskPPO, `collect_ahead=1`",
-    }
-    check_time_to_reward_tables(rtt, rows, "DaskPPO")
+    ratio = check_time_to_reward_tables(rtt, "ppo")
     # the other runs at 10 ms, quoted in the text: the ratio of medians and the synchronous and ahead medians
     rollouts = (ROOT / "docs" / "rollouts.md").read_text().replace("**", "")
     others = (
@@ -130,7 +136,7 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
         assert run["env_delay"] == delay and run.get("hosts_cpus") == cpus and len(run["seeds"]) == 20
         sync, ahead = (run["median_seconds"][c] for c in ("daskppo", "daskppo-ahead"))
         assert f"collecting ahead {ahead:.1f} s" in rollouts and f"DaskPPO {sync:.1f} s" in rollouts, name
-        assert f"{ahead / sync:.2f}x" in rollouts, name
+        assert f"{ahead_ratio(run):.2f}x" in rollouts, name
     dask = json.loads((results / "time-to-reward-delay-0ms-rtt-10ms-hosts-cpu-1-ppo-dask.json").read_text())
     assert dask["rtt_ms"] == 10 and dask["hosts_cpus"] == "1" and len(dask["seeds"]) == 10
     quoted = f"{dask['median_seconds']['ppo-dask']:.1f} s"
@@ -138,8 +144,8 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
     assert f"vec-step: {quoted} (10 seeds)" in (ROOT / "docs" / "benchmark.md").read_text()
     cpu = json.loads((results / "time-to-reward-delay-0ms.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    assert f"475 in {rtt['median_seconds']['daskppo-ahead'] / rtt['median_seconds']['daskppo']:.2f}x" in readme
-    assert f"DaskPPO took {cpu['median_seconds']['daskppo-ahead'] / cpu['median_seconds']['daskppo']:.2f}x" in readme
+    assert f"475 in {ratio:.2f}x" in readme
+    assert f"DaskPPO took {ahead_ratio(cpu):.2f}x" in readme
     ahead, sync = (f"{cpu['median_seconds'][c]:.1f}" for c in ("daskppo-ahead", "daskppo"))
     assert f"{ahead} s against {sync} s" in (ROOT / "docs" / "benchmark.md").read_text()
 
@@ -147,12 +153,5 @@ def test_time_to_reward_figures_are_the_committed_runs() -> None:
 def test_dasksac_time_to_reward_figures_are_the_committed_run() -> None:
     sac = json.loads((ROOT / "benchmarks" / "results" / "time-to-reward-sac-delay-5ms-rtt-10ms.json").read_text())
     assert sac["rtt_ms"] == 10 and sac["env_delay"] == 0.005 and len(sac["seeds"]) == 5
-    rows = {
-        "sac-dummy": "SAC, `DummyVecEnv`",
-        "sac-subproc": "SAC, `SubprocVecEnv`",
-        "dasksac": "DaskSAC",
-        "dasksac-ahead": "DaskSAC, `collect_ahead=1`",
-    }
-    check_time_to_reward_tables(sac, rows, "DaskSAC")
-    ratio = sac["median_seconds"]["dasksac-ahead"] / sac["median_seconds"]["dasksac"]
+    ratio = check_time_to_reward_tables(sac, "sac")
     assert f"-250 in {ratio:.2f}x" in (ROOT / "README.md").read_text()
